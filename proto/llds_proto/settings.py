@@ -1,0 +1,90 @@
+"""Configuration loading shared by every service's config class.
+
+Precedence: field defaults < TOML file < environment (``LLDS_<SERVICE>_<FIELD>``) < explicit
+overrides (CLI flags). The resolved config can be written back as TOML next to a run's outputs.
+"""
+
+from __future__ import annotations
+
+import tomllib
+from contextvars import ContextVar
+from pathlib import Path
+from typing import Any, Self
+
+import tomli_w
+from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_TOML_DATA: ContextVar[dict[str, Any] | None] = ContextVar("_TOML_DATA", default=None)
+
+
+class ConfigError(ValueError):
+    """A config file or value that cannot be used; the message names it."""
+
+
+class _TomlSource(PydanticBaseSettingsSource):
+    def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]):
+        super().__init__(settings_cls)
+        self._data = data
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self._data.get(field_name), field_name, False
+
+    def __call__(self) -> dict[str, Any]:
+        return dict(self._data)
+
+
+class ServiceSettings(BaseSettings):
+    """Base class of every service config: typed fields, each with a default and a docstring."""
+
+    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+
+    @classmethod
+    def settings_customise_sources(
+        cls,
+        settings_cls: type[BaseSettings],
+        init_settings: PydanticBaseSettingsSource,
+        env_settings: PydanticBaseSettingsSource,
+        dotenv_settings: PydanticBaseSettingsSource,
+        file_secret_settings: PydanticBaseSettingsSource,
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        data = _TOML_DATA.get()
+        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        if data:
+            sources.append(_TomlSource(settings_cls, data))
+        return tuple(sources)
+
+    @classmethod
+    def load(
+        cls,
+        toml_path: str | Path | None = None,
+        overrides: dict[str, Any] | None = None,
+        section: str | None = None,
+    ) -> Self:
+        """Resolve the config from a TOML file (optionally one ``[section]``), env and overrides."""
+        data: dict[str, Any] = {}
+        if toml_path is not None:
+            path = Path(toml_path)
+            try:
+                data = tomllib.loads(path.read_text())
+            except FileNotFoundError as e:
+                raise ConfigError(f"config file {path} does not exist") from e
+            except tomllib.TOMLDecodeError as e:
+                raise ConfigError(f"config file {path} is not valid TOML: {e}") from e
+            if section is not None:
+                data = data.get(section, {})
+        token = _TOML_DATA.set(data)
+        try:
+            return cls(**{k: v for k, v in (overrides or {}).items() if v is not None})
+        finally:
+            _TOML_DATA.reset(token)
+
+    def write_toml(self, path: str | Path) -> Path:
+        """Write the resolved config (secrets excluded) as TOML; returns the path."""
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        data = self.model_dump(mode="json", exclude_none=True)
+        for k in list(data):
+            if "token" in k or "password" in k:
+                data[k] = "***"
+        path.write_text(tomli_w.dumps(data))
+        return path
