@@ -194,6 +194,8 @@ class HealthResponse(BaseModel):
     """Service name."""
     detail: dict[str, object] = Field(default_factory=dict)
     """Service-specific facts (weights version, index size, step)."""
+    schema_version: int = SCHEMA_VERSION
+    """Wire-contract version."""
 
 
 # --------------------------------------------------------------------------------------------

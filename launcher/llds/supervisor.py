@@ -1,0 +1,115 @@
+"""Child-process supervision for ``llds up``: start, prefix logs, wait for health, stop everything.
+
+Each child runs in its own session (process group), so stopping it also stops whatever it spawned
+(vLLM engine processes, torchrun workers): nothing ``llds up`` started survives it.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+
+class ChildFailed(RuntimeError):
+    """A child exited or never became healthy; the message carries its last log lines."""
+
+
+@dataclass
+class Child:
+    """One supervised process."""
+
+    name: str
+    argv: list[str]
+    log_path: Path
+    env: dict[str, str] = field(default_factory=dict)
+    proc: subprocess.Popen[bytes] | None = None
+    tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    _pump: threading.Thread | None = None
+
+    def start(self, echo: bool = True) -> Child:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        self.proc = subprocess.Popen(
+            self.argv,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
+        self._pump = threading.Thread(target=self._copy_output, args=(echo,), daemon=True, name=f"log-{self.name}")
+        self._pump.start()
+        return self
+
+    def _copy_output(self, echo: bool) -> None:
+        assert self.proc is not None and self.proc.stdout is not None
+        with self.log_path.open("ab") as log:
+            for raw in iter(self.proc.stdout.readline, b""):
+                log.write(raw)
+                log.flush()
+                line = raw.decode(errors="replace").rstrip()
+                self.tail.append(line)
+                if echo:
+                    sys.stdout.write(f"[{self.name:>9}] {line}\n")
+                    sys.stdout.flush()
+
+    @property
+    def pid(self) -> int:
+        assert self.proc is not None
+        return self.proc.pid
+
+    def running(self) -> bool:
+        return self.proc is not None and self.proc.poll() is None
+
+    def describe_exit(self) -> str:
+        code = self.proc.returncode if self.proc else None
+        return f"{self.name} exited with {code}; last lines:\n" + "\n".join(self.tail)
+
+    def signal_group(self, sig: int) -> None:
+        if self.proc is None:
+            return
+        try:
+            os.killpg(self.proc.pid, sig)
+        except ProcessLookupError:
+            pass
+
+    def stop(self, timeout_s: float = 20.0) -> None:
+        """SIGTERM the child's process group; SIGKILL it after ``timeout_s``."""
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            self.signal_group(signal.SIGTERM)
+            try:
+                self.proc.wait(timeout_s)
+            except subprocess.TimeoutExpired:
+                self.signal_group(signal.SIGKILL)
+                self.proc.wait()
+        # Grandchildren that outlived their parent still belong to the group.
+        self.signal_group(signal.SIGKILL)
+        if self._pump is not None:
+            self._pump.join(timeout=2)
+
+
+def wait_healthy(child: Child, url: str, timeout_s: float) -> float:
+    """Poll ``url`` until it answers 200; returns seconds waited. Raises if the child dies first."""
+    t0 = time.monotonic()
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() - t0 < timeout_s:
+            if not child.running():
+                raise ChildFailed(child.describe_exit())
+            try:
+                if client.get(url).status_code == 200:
+                    return time.monotonic() - t0
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.5)
+    raise ChildFailed(f"{child.name} not healthy at {url} after {timeout_s:.0f} s; last lines:\n" + "\n".join(child.tail))

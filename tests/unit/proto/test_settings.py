@@ -1,0 +1,50 @@
+"""Config precedence: defaults < TOML < environment < explicit overrides."""
+
+from pathlib import Path
+
+import pytest
+from pydantic import Field
+from pydantic_settings import SettingsConfigDict
+
+from llds_proto.settings import ConfigError, ServiceSettings
+
+
+class _Cfg(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LLDS_TEST_", extra="forbid")
+    a: int = Field(default=1, ge=0)
+    """a"""
+    b: str = "default"
+    """b"""
+    admin_token: str = "secret"
+    """token"""
+
+
+def test_precedence(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    f = tmp_path / "c.toml"
+    f.write_text('a = 2\nb = "toml"\n')
+    assert _Cfg.load().a == 1
+    assert _Cfg.load(f).a == 2
+    monkeypatch.setenv("LLDS_TEST_A", "3")
+    c = _Cfg.load(f)
+    assert (c.a, c.b) == (3, "toml")
+    assert _Cfg.load(f, overrides={"a": 4, "b": None}).a == 4
+
+
+def test_bad_values_and_files_are_named(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="does not exist"):
+        _Cfg.load(tmp_path / "missing.toml")
+    bad = tmp_path / "bad.toml"
+    bad.write_text("a = [")
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        _Cfg.load(bad)
+    with pytest.raises(ValueError, match="a"):
+        _Cfg.load(overrides={"a": -1})
+    unknown = tmp_path / "u.toml"
+    unknown.write_text("zzz = 1\n")
+    with pytest.raises(ValueError, match="zzz"):
+        _Cfg.load(unknown)
+
+
+def test_written_config_hides_secrets(tmp_path: Path) -> None:
+    text = _Cfg.load().write_toml(tmp_path / "out.toml").read_text()
+    assert "secret" not in text and 'a = 1' in text
