@@ -14,19 +14,31 @@ from collections.abc import Callable
 
 # subcommand path -> (module, function, help). Each function takes the remaining argv.
 ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
-    ("up",): ("llds.up", "main", "run the whole system on this machine (Redis, retriever, rollout, trainer, dashboard)"),
+    ("up",): (
+        "llds.up",
+        "main",
+        "run the whole system on this machine (Redis, retriever, rollout, trainer, dashboard)",
+    ),
     ("answer",): ("llds_rollout.cli", "answer_main", "answer a question with the search agent"),
     ("retriever", "serve"): ("llds_retriever.cli", "serve_main", "serve POST /retrieve"),
     ("index", "build"): ("llds_retriever.cli", "index_main", "build a BM25 / dense / hybrid index"),
     ("index", "info"): ("llds_retriever.cli", "index_main", "print what an index holds"),
-    ("rollout", "serve"): ("llds_rollout.cli", "serve_main", "serve /answer and generate training trajectories"),
+    ("rollout", "serve"): (
+        "llds_rollout.cli",
+        "serve_main",
+        "serve /answer and generate training trajectories",
+    ),
     ("trainer", "run"): ("llds_trainer.cli", "run_main", "train with GRPO + LLDS from the trajectory stream"),
     ("warmstart",): ("llds_trainer.warmstart", "main", "fine-tune the policy on protocol demonstrations"),
     ("world", "build"): ("llds.world", "main", "write the synthetic world (corpus + questions)"),
     ("dashboard", "serve"): ("llds.dashboard", "main", "serve the live training dashboard"),
     ("eval",): ("llds.evaluate", "main", "evaluate a policy (exact match, F1) on a question set"),
     ("report",): ("llds.report", "main", "plot a run's reward and LLD signals"),
-    ("experiment", "lld"): ("llds.experiment", "main", "GRPO vs GRPO+LLDS vs GRPO+LLDS-MA on the default task"),
+    ("experiment", "lld"): (
+        "llds.experiment",
+        "main",
+        "GRPO vs GRPO+LLDS vs GRPO+LLDS-MA on the default task",
+    ),
     ("bench", "retriever"): ("llds_retriever.bench", "main", "retriever throughput and latency vs baseline"),
     ("bench", "rollout"): ("llds_rollout.bench", "main", "async vs synchronous rollout, swap time"),
     ("bench", "trainer"): ("llds_trainer.bench", "main", "GRPO vs GRPO+LLDS step time"),

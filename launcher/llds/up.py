@@ -24,10 +24,9 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
+from llds_proto.settings import ConfigError, ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
-
-from llds_proto.settings import ConfigError, ServiceSettings
 
 log = logging.getLogger("llds.up")
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -78,6 +77,53 @@ class UpConfig(ServiceSettings):
     """How long each service may take to become healthy."""
 
 
+def run_tool(args: list[str]) -> None:
+    """Run ``llds ARGS`` in a child process (keeps torch out of the launcher); raise on failure."""
+    import subprocess
+
+    print("$ llds " + " ".join(args), flush=True)
+    res = subprocess.run([sys.executable, "-m", "llds.cli", *args], env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if res.returncode != 0:
+        raise ConfigError(f"`llds {' '.join(args)}` failed with exit code {res.returncode}")
+
+
+def ensure_world(seed: int) -> Path:
+    """The synthetic world for ``seed`` in the cache, built on first use."""
+    from llds import assets, world
+
+    world_dir = assets.cache_dir() / "worlds" / f"synthworld-s{seed}"
+    if not (world_dir / "meta.json").exists():
+        print(f"building synthetic world into {world_dir}", flush=True)
+        world.build(world_dir, seed=seed)
+    return world_dir
+
+
+def ensure_world_index(seed: int) -> Path:
+    """The BM25 index over the world's corpus in the cache, built on first use."""
+    from llds import assets
+
+    index_dir = assets.cache_dir() / "indexes" / f"synthworld-s{seed}-bm25"
+    if not (index_dir / "COMPLETE").exists():
+        corpus = ensure_world(seed) / "corpus.jsonl"
+        run_tool(["index", "build", "--corpus", str(corpus), "--kind", "bm25", "--out", str(index_dir)])
+        (index_dir / "COMPLETE").write_text("ok\n")
+    return index_dir
+
+
+def ensure_warmstart(seed: int) -> Path:
+    """SmolLM2 after the format warm-start on the world's train split, built once and cached."""
+    from llds import assets
+
+    policy = assets.cache_dir() / "models" / f"smollm2-135m-warmstart-s{seed}"
+    if not (policy / "config.json").exists():
+        print("format warm-start: fine-tuning SmolLM2 on protocol demonstrations (once, cached)", flush=True)
+        base = assets.smollm2_dir()
+        run_tool(
+            ["warmstart", "--model", str(base), "--world", str(ensure_world(seed)), "--out", str(policy)]
+        )
+    return policy
+
+
 def _port(port: int) -> int:
     from llds.redis_server import free_port
 
@@ -105,36 +151,17 @@ class Up:
 
     # ------------------------------------------------------------------ assets
     def prepare(self) -> dict[str, Path]:
-        from llds import assets, world
+        from llds import assets
 
-        cache = assets.cache_dir()
-        world_dir = cache / "worlds" / f"synthworld-s{self.cfg.world_seed}"
-        if not (world_dir / "meta.json").exists():
-            print(f"building synthetic world into {world_dir}")
-            world.build(world_dir, seed=self.cfg.world_seed)
-        index_dir = cache / "indexes" / f"synthworld-s{self.cfg.world_seed}-bm25"
-        if not (index_dir / "meta.json").exists() and not (index_dir / "index.json").exists():
-            self._run_tool(["index", "build", "--corpus", str(world_dir / "corpus.jsonl"), "--kind", "bm25", "--out", str(index_dir)])
+        world_dir = ensure_world(self.cfg.world_seed)
+        index_dir = ensure_world_index(self.cfg.world_seed)
         if self.cfg.model:
             policy = Path(self.cfg.model)
         elif self.cfg.preset == "tiny":
             policy = assets.tiny_model_dir()
         else:
-            base = assets.smollm2_dir()
-            policy = cache / "models" / f"smollm2-135m-warmstart-s{self.cfg.world_seed}"
-            if not assets.is_complete(policy) and not (policy / "config.json").exists():
-                print("format warm-start: fine-tuning SmolLM2 on protocol demonstrations (once, cached)")
-                self._run_tool(["warmstart", "--model", str(base), "--world", str(world_dir), "--out", str(policy)])
+            policy = ensure_warmstart(self.cfg.world_seed)
         return {"world": world_dir, "index": index_dir, "policy": policy}
-
-    def _run_tool(self, args: list[str]) -> None:
-        import subprocess
-
-        cmd = [sys.executable, "-m", "llds.cli", *args]
-        print("$ llds " + " ".join(args))
-        res = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
-        if res.returncode != 0:
-            raise ConfigError(f"`llds {' '.join(args)}` failed with exit code {res.returncode}")
 
     # ------------------------------------------------------------------ services
     def _config(self, kind: str, given: Path | None) -> Path:
@@ -154,7 +181,9 @@ class Up:
         if cfg.redis_url:
             redis_url = cfg.redis_url
         else:
-            self.redis = RedisServer(data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host).start()
+            self.redis = RedisServer(
+                data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host
+            ).start()
             redis_url = self.redis.url
             print(f"redis     {redis_url} (append-only file in {self.run_dir / 'redis'})")
         env = {"LLDS_ADMIN_TOKEN": self.token, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
@@ -181,7 +210,9 @@ class Up:
                                         "--retriever-url", self.url("retriever"), "--rollout-url", self.url("rollout"),
                                         "--trainer-url", self.url("trainer")], {}))  # fmt: skip
         for name, argv, extra_env in specs:
-            child = Child(name=name, argv=argv, log_path=logs / f"{name}.log", env={**env, **extra_env}).start()
+            child = Child(
+                name=name, argv=argv, log_path=logs / f"{name}.log", env={**env, **extra_env}
+            ).start()
             self.children.append(child)
         for child in self.children:
             waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)
@@ -196,7 +227,7 @@ class Up:
         print(f"rollout    {self.url('rollout')}/answer")
         print(f"trainer    {self.url('trainer')}/status")
         print(f"admin token in {self.run_dir / 'admin_token'} (for /admin routes)")
-        print(f"try:  llds answer --rollout-url {self.url('rollout')} \"Who founded the ...?\"")
+        print(f'try:  llds answer --rollout-url {self.url("rollout")} "Who founded the ...?"')
         print("=" * 72 + "\n")
         (self.run_dir / "admin_token").write_text(self.token + "\n")
         (self.run_dir / "admin_token").chmod(0o600)
@@ -261,7 +292,9 @@ class Up:
 def parse_args(argv: list[str]) -> UpConfig:
     p = argparse.ArgumentParser(prog="llds up", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, help="TOML file with UpConfig fields")
-    p.add_argument("--preset", choices=["cpu", "tiny"], help="cpu: SmolLM2 warm-started; tiny: random test model")
+    p.add_argument(
+        "--preset", choices=["cpu", "tiny"], help="cpu: SmolLM2 warm-started; tiny: random test model"
+    )
     p.add_argument("--model", help="policy folder (skips the warm-start)")
     p.add_argument("--steps", type=int, help="training steps (0 = until stopped)")
     p.add_argument("--run-dir", type=Path, help="output folder")
@@ -270,7 +303,13 @@ def parse_args(argv: list[str]) -> UpConfig:
         p.add_argument(f"--{svc}-port", type=int, dest=f"{svc}_port", help=f"{svc} port (0 = any free port)")
     p.add_argument("--rollout-config", type=Path, help="rollout TOML")
     p.add_argument("--trainer-config", type=Path, help="trainer TOML")
-    p.add_argument("--no-dashboard", dest="dashboard", action="store_const", const=False, help="do not serve the dashboard")
+    p.add_argument(
+        "--no-dashboard",
+        dest="dashboard",
+        action="store_const",
+        const=False,
+        help="do not serve the dashboard",
+    )
     p.add_argument("--exit-when-done", action="store_const", const=True, help="exit after the training steps")
     args = vars(p.parse_args(argv))
     config = args.pop("config")
@@ -300,7 +339,7 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1.0)
     except KeyboardInterrupt:
         print("\nstopping ...")
-    except Exception as e:  # noqa: BLE001 - reported, then everything is stopped
+    except Exception as e:
         print(f"llds up failed: {e}", file=sys.stderr)
         code = 1
     finally:

@@ -20,7 +20,28 @@ from pathlib import Path
 from llds_proto.search_protocol import prompt_text
 
 DATA_SOURCE = "synthworld"
-_ONSETS = ["b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z", "br", "dr", "kr", "st", "th", "vel"]
+_ONSETS = [
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "kr",
+    "st",
+    "th",
+    "vel",
+]
 _VOWELS = ["a", "e", "i", "o", "u", "ai", "ei", "ou"]
 _CODAS = ["", "n", "r", "s", "th", "l", "m", "x", "nd", "rk"]
 _OCCUPATIONS = [
@@ -77,19 +98,27 @@ def _unique(rng: random.Random, used: set[str], make: object) -> str:
             return name
 
 
-def generate(seed: int = 0, n_people: int = 160, n_cities: int = 48, n_orgs: int = 64, n_countries: int = 8) -> World:
+def generate(
+    seed: int = 0, n_people: int = 160, n_cities: int = 48, n_orgs: int = 64, n_countries: int = 8
+) -> World:
     """The world for ``seed``; identical on every machine and Python 3.11+ run."""
     rng = random.Random(seed)
     used: set[str] = set()
     world = World(seed=seed)
-    world.countries = [_unique(rng, used, lambda: _word(rng, 2).capitalize() + "ia") for _ in range(n_countries)]
+    world.countries = [
+        _unique(rng, used, lambda: _word(rng, 2).capitalize() + "ia") for _ in range(n_countries)
+    ]
     for _ in range(n_cities):
         name = _unique(rng, used, lambda: _word(rng, rng.choice([2, 3])).capitalize())
-        world.cities[name] = City(name, rng.choice(world.countries), rng.choice(_CITY_FEATURES), rng.randrange(2, 900) * 1000)
+        world.cities[name] = City(
+            name, rng.choice(world.countries), rng.choice(_CITY_FEATURES), rng.randrange(2, 900) * 1000
+        )
     city_names = list(world.cities)
     for _ in range(n_people):
         name = _unique(rng, used, lambda: f"{_word(rng, 2).capitalize()} {_word(rng, 2).capitalize()}")
-        world.people[name] = Person(name, rng.choice(city_names), rng.randrange(1701, 1990), rng.choice(_OCCUPATIONS))
+        world.people[name] = Person(
+            name, rng.choice(city_names), rng.randrange(1701, 1990), rng.choice(_OCCUPATIONS)
+        )
     people = list(world.people)
     for _ in range(n_orgs):
         kind = rng.choice(_ORG_KINDS)
@@ -146,10 +175,20 @@ def _questions(world: World, doc_of: dict[str, str]) -> list[tuple[set[str], dic
         add(p.name, f"In what year was {p.name} born", str(p.birth_year), [(f"{p.name} born", p.name)])
         add(p.name, f"What was the occupation of {p.name}", p.occupation, [(f"{p.name} occupation", p.name)])
     for c in world.cities.values():
-        add(c.name, f"In which country is the city of {c.name}", c.country, [(f"{c.name} city country", c.name)])
+        add(
+            c.name,
+            f"In which country is the city of {c.name}",
+            c.country,
+            [(f"{c.name} city country", c.name)],
+        )
     for o in world.orgs.values():
         add(o.name, f"Who founded the {o.name}", o.founder, [(f"{o.name} founder", o.name)])
-        add(o.name, f"In which city is the {o.name} headquartered", o.hq_city, [(f"{o.name} headquarters", o.name)])
+        add(
+            o.name,
+            f"In which city is the {o.name} headquartered",
+            o.hq_city,
+            [(f"{o.name} headquarters", o.name)],
+        )
         f = world.people[o.founder]
         add(o.name, f"In which city was the founder of the {o.name} born", f.born_city,
             [(f"{o.name} founder", o.name), (f"{f.name} birthplace", f.name)])  # fmt: skip
@@ -214,7 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--seed", type=int, default=0, help="fixes every name and fact")
     args = parser.parse_args(argv)
     counts = build(args.out, seed=args.seed)
-    print(f"wrote {args.out}: {counts['passages']} passages, {counts['train']} train / {counts['eval']} eval questions")
+    print(
+        f"wrote {args.out}: {counts['passages']} passages, {counts['train']} train / {counts['eval']} eval questions"
+    )
     return 0
 
 

@@ -4,14 +4,13 @@ import subprocess
 import sys
 
 import pytest
-
 from llds import cli
 
 
 def test_every_route_names_an_existing_module_file() -> None:
     import importlib.util
 
-    for path, (module, func, _) in cli.ROUTES.items():
+    for path, (module, _func, _) in cli.ROUTES.items():
         assert importlib.util.find_spec(module) is not None, f"llds {' '.join(path)} -> {module} missing"
 
 
@@ -37,5 +36,7 @@ def test_help_is_instant_and_imports_no_torch(argv: list[str]) -> None:
 
 
 def test_up_rejects_bad_values_with_a_message() -> None:
-    res = subprocess.run([sys.executable, "-m", "llds.cli", "up", "--steps", "-1"], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "llds.cli", "up", "--steps", "-1"], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "steps" in res.stderr

@@ -32,7 +32,7 @@ def test_rows_are_well_formed_and_supported_by_the_corpus(tmp_path: Path) -> Non
         assert r["prompt"][0]["content"].endswith(f"Question: {r['question']}?\n")
         assert len(r["support"]) == r["hops"]
         # the answer is written in the last hop's gold passage
-        title, text = split_contents(corpus[r["support"][-1]["doc_id"]])
+        _title, text = split_contents(corpus[r["support"][-1]["doc_id"]])
         assert r["golden_answers"][0] in text
     ids = [r["extra_info"]["index"] for r in train]
     assert ids == list(range(len(train)))

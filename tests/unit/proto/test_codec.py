@@ -5,7 +5,6 @@ import json
 import msgpack
 import numpy as np
 import pytest
-
 from llds_proto.codec import CodecError, decode_group, encode_group
 from llds_proto.messages import Trajectory, TrajectoryGroup
 
@@ -21,7 +20,10 @@ def _group(n_tokens: int = 300, g: int = 3) -> TrajectoryGroup:
                 sample_index=i,
                 prompt_ids=rng.integers(0, 49152, 40).tolist(),
                 response_ids=rng.integers(0, 49152, n_tokens).tolist(),
-                logprobs=[float(np.float32(x)) if m else 0.0 for x, m in zip(-rng.random(n_tokens), mask)],
+                logprobs=[
+                    float(np.float32(x)) if m else 0.0
+                    for x, m in zip(-rng.random(n_tokens), mask, strict=False)
+                ],
                 loss_mask=mask,
                 versions=[3 if m else -1 for m in mask],
                 action_spans=[(0, 100), (150, n_tokens)],

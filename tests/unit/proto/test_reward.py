@@ -1,13 +1,24 @@
 """Answer normalisation and scoring (search-protocol spec, Reward)."""
 
 import pytest
-
-from llds_proto.reward import exact_match, extract_answer, f1_score, normalize_answer, score_response, substring_match
+from llds_proto.reward import (
+    exact_match,
+    extract_answer,
+    f1_score,
+    normalize_answer,
+    score_response,
+    substring_match,
+)
 
 
 @pytest.mark.parametrize(
     ("raw", "norm"),
-    [("The Eiffel Tower!", "eiffel tower"), ("  a  Cat,  an apple ", "cat apple"), ("Theory", "theory"), ("U.S.A.", "usa")],
+    [
+        ("The Eiffel Tower!", "eiffel tower"),
+        ("  a  Cat,  an apple ", "cat apple"),
+        ("Theory", "theory"),
+        ("U.S.A.", "usa"),
+    ],
 )
 def test_normalize(raw: str, norm: str) -> None:
     assert normalize_answer(raw) == norm

@@ -1,7 +1,6 @@
 """The Search-R1 protocol: byte-exact prompt and observations, action parsing, token-level assembly."""
 
 import pytest
-
 from llds_proto.search_protocol import (
     INVALID_ACTION_TEXT,
     TrajectoryBuilder,
@@ -38,7 +37,10 @@ def test_prompt_ids_use_the_chat_template(tokenizer) -> None:  # type: ignore[no
 
 
 def test_observation_format() -> None:
-    docs = [{"id": "1", "contents": '"Paris"\nCapital of France.'}, {"id": "2", "contents": '"Lyon"\nA city.'}]
+    docs = [
+        {"id": "1", "contents": '"Paris"\nCapital of France.'},
+        {"id": "2", "contents": '"Lyon"\nA city.'},
+    ]
     assert observation_text(docs) == (
         '\n\n<information>Doc 1(Title: "Paris") Capital of France.\nDoc 2(Title: "Lyon") A city.</information>\n\n'
     )
@@ -88,7 +90,7 @@ def test_builder_tracks_masks_spans_versions(tokenizer) -> None:  # type: ignore
     b.add_observation([7, 8])
     ans = tokenizer.encode("<answer> x </answer>", add_special_tokens=False)
     b.add_generated(ans, [-0.5] * len(ans), version=5)
-    assert b.response_ids == t1 + [7, 8] + ans
+    assert b.response_ids == [*t1, 7, 8, *ans]
     assert b.loss_mask == [1, 1, 1, 0, 0] + [1] * len(ans)
     assert b.versions == [4, 4, 4, -1, -1] + [5] * len(ans)
     assert b.logprobs[3:5] == [0.0, 0.0]

@@ -3,10 +3,9 @@
 from pathlib import Path
 
 import pytest
+from llds_proto.settings import ConfigError, ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
-
-from llds_proto.settings import ConfigError, ServiceSettings
 
 
 class _Cfg(ServiceSettings):
@@ -47,4 +46,4 @@ def test_bad_values_and_files_are_named(tmp_path: Path) -> None:
 
 def test_written_config_hides_secrets(tmp_path: Path) -> None:
     text = _Cfg.load().write_toml(tmp_path / "out.toml").read_text()
-    assert "secret" not in text and 'a = 1' in text
+    assert "secret" not in text and "a = 1" in text

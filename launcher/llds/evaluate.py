@@ -1,0 +1,267 @@
+"""``llds eval``: exact match, F1 and substring match of a policy with the published protocol.
+
+Greedy decoding, at most 4 search turns, top-3 retrieval (the rollout's ``/answer``), per dataset and
+averaged, written as JSON and Markdown. Either point it at a running rollout service
+(``--rollout-url``) or give a model (``--model``): then it starts a rollout service (and, without
+``--retriever-url``, a retriever over the synthetic world's BM25 index) for the run and stops them.
+
+    llds eval --model ~/.cache/llds/models/smollm2-135m-warmstart-s0 --data synthworld-eval
+    llds eval --rollout-url http://127.0.0.1:8001 --data nq.jsonl --data hotpotqa.jsonl --limit 500
+
+Datasets: ``synthworld-eval`` / ``synthworld-train`` (built in), or files in the FlashRAG/Search-R1
+formats: JSONL rows with ``question`` and ``golden_answers`` (FlashRAG), or Search-R1 parquet/JSONL rows
+with ``reward_model.ground_truth.target``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+from llds_proto.reward import exact_match, f1_score, substring_match
+from tqdm import tqdm
+
+PROTOCOL_MAX_TURNS = 4
+"""Search turns in the published evaluation (search-protocol spec)."""
+
+
+class EvalError(RuntimeError):
+    """A dataset or service the evaluation cannot use; the message names it."""
+
+
+@dataclass
+class Example:
+    id: str
+    question: str
+    golds: list[str]
+
+
+def _question_from_prompt(prompt: object) -> str:
+    text = prompt[0]["content"] if isinstance(prompt, list) and prompt else str(prompt)  # type: ignore[index]
+    marker = "Question: "
+    return text.rsplit(marker, 1)[-1].strip() if marker in text else text.strip()
+
+
+def row_to_example(row: dict[str, object], i: int) -> Example:
+    """One dataset row in FlashRAG or Search-R1 form."""
+    question = row.get("question") or _question_from_prompt(row.get("prompt", ""))
+    golds = row.get("golden_answers")
+    if golds is None:
+        rm = row.get("reward_model") or {}
+        golds = (rm.get("ground_truth") or {}).get("target") if isinstance(rm, dict) else None  # type: ignore[union-attr]
+    if not question or golds is None:
+        raise EvalError(f"row {i} has no question or gold answers (keys: {sorted(row)})")
+    if isinstance(golds, str):
+        golds = [golds]
+    return Example(str(row.get("id", i)), str(question), [str(g) for g in golds])  # type: ignore[union-attr]
+
+
+def load_dataset(spec: str, world_seed: int = 0) -> tuple[str, list[Example]]:
+    """(name, examples) for a built-in set name or a file path."""
+    if spec in ("synthworld-eval", "synthworld-train"):
+        from llds import assets, world
+
+        world_dir = assets.cache_dir() / "worlds" / f"synthworld-s{world_seed}"
+        if not (world_dir / "meta.json").exists():
+            world.build(world_dir, seed=world_seed)
+        path = world_dir / f"{spec.split('-')[1]}.jsonl"
+    else:
+        path = Path(spec)
+    if not path.exists():
+        raise EvalError(f"dataset {spec!r}: no such built-in set or file")
+    if path.suffix == ".parquet":
+        try:
+            import pyarrow.parquet as pq
+        except ImportError as e:
+            raise EvalError("reading parquet needs pyarrow: pip install pyarrow") from e
+        rows = pq.read_table(path).to_pylist()
+    else:
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return (spec if spec.startswith("synthworld") else path.stem), [
+        row_to_example(r, i) for i, r in enumerate(rows)
+    ]
+
+
+async def _ask_all(
+    url: str, examples: list[Example], max_turns: int, concurrency: int
+) -> list[dict[str, object]]:
+    sem = asyncio.Semaphore(concurrency)
+    out: list[dict[str, object]] = [{} for _ in examples]
+    bar = tqdm(total=len(examples), desc="eval", unit="q")
+    async with httpx.AsyncClient(timeout=600.0) as client:
+
+        async def one(i: int, ex: Example) -> None:
+            async with sem:
+                r = await client.post(f"{url}/answer", json={"question": ex.question, "max_turns": max_turns})
+            if r.status_code != 200:
+                raise EvalError(f"/answer failed for {ex.id}: {r.status_code} {r.text[:200]}")
+            body = r.json()
+            pred = body.get("answer")
+            out[i] = {
+                "id": ex.id,
+                "question": ex.question,
+                "golds": ex.golds,
+                "prediction": pred,
+                "em": exact_match(pred, ex.golds),
+                "f1": f1_score(pred, ex.golds),
+                "substring": substring_match(pred, ex.golds),
+                "searches": sum(1 for t in body.get("turns", []) if t.get("search_query")),
+                "turns": len(body.get("turns", [])),
+                "weights_version": body.get("weights_version"),
+            }
+            bar.update(1)
+
+        await asyncio.gather(*(one(i, ex) for i, ex in enumerate(examples)))
+    bar.close()
+    return out
+
+
+def summarize(name: str, results: list[dict[str, object]]) -> dict[str, float | int | str]:
+    """Mean metrics of one dataset."""
+    n = len(results)
+
+    def mean(k: str) -> float:
+        return sum(float(r[k]) for r in results) / n if n else 0.0  # type: ignore[arg-type]
+
+    return {"dataset": name, "n": n, "em": mean("em"), "f1": mean("f1"), "substring": mean("substring"),
+            "searches": mean("searches"), "turns": mean("turns")}  # fmt: skip
+
+
+def markdown(rows: list[dict[str, float | int | str]], meta: dict[str, object]) -> str:
+    lines = [f"# Evaluation: {meta['model']}", "", f"Greedy, max {meta['max_turns']} search turns, top-3 retrieval; "
+             f"weights version {meta['weights_version']}; {meta['seconds']:.0f} s.", "",
+             "| dataset | n | EM | F1 | substring | searches/q | turns/q |", "|---|---|---|---|---|---|---|"]  # fmt: skip
+    for r in rows:
+        lines.append(f"| {r['dataset']} | {r['n']} | {r['em']:.3f} | {r['f1']:.3f} | {r['substring']:.3f} "
+                     f"| {r['searches']:.2f} | {r['turns']:.2f} |")  # fmt: skip
+    return "\n".join(lines) + "\n"
+
+
+class _Services:
+    """Retriever + rollout started for a ``--model`` evaluation, stopped afterwards."""
+
+    def __init__(self, model: str, retriever_url: str | None, world_seed: int, log_dir: Path):
+        self.model, self.retriever_url, self.world_seed, self.log_dir = (
+            model,
+            retriever_url,
+            world_seed,
+            log_dir,
+        )
+        self.children: list = []
+
+    def __enter__(self) -> str:
+        from llds.redis_server import free_port
+        from llds.supervisor import Child, wait_healthy
+
+        py = [sys.executable, "-m", "llds.cli"]
+        env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
+        if self.retriever_url is None:
+            from llds.up import ensure_world_index
+
+            index = ensure_world_index(self.world_seed)
+            port = free_port()
+            c = Child("retriever", [*py, "retriever", "serve", "--index", str(index), "--port", str(port)],
+                      self.log_dir / "retriever.log", env).start(echo=False)  # fmt: skip
+            self.children.append(c)
+            self.retriever_url = f"http://127.0.0.1:{port}"
+            wait_healthy(c, f"{self.retriever_url}/health", 300)
+        port = free_port()
+        c = Child("rollout", [*py, "rollout", "serve", "--no-train", "--model", self.model, "--retriever-url",
+                              self.retriever_url, "--port", str(port)], self.log_dir / "rollout.log", env).start(echo=False)  # fmt: skip
+        self.children.append(c)
+        url = f"http://127.0.0.1:{port}"
+        wait_healthy(c, f"{url}/health", 600)
+        return url
+
+    def __exit__(self, *exc: object) -> None:
+        for c in reversed(self.children):
+            c.stop()
+
+
+def run(args: argparse.Namespace) -> dict[str, object]:
+    datasets = [load_dataset(d, args.world_seed) for d in args.data]
+    if args.limit:
+        datasets = [(n, exs[: args.limit]) for n, exs in datasets]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    t0 = time.monotonic()
+    if args.rollout_url:
+        url_ctx: object = None
+        url = args.rollout_url.rstrip("/")
+    else:
+        url_ctx = _Services(args.model, args.retriever_url, args.world_seed, out / "logs")
+        url = url_ctx.__enter__()  # type: ignore[attr-defined]
+    try:
+        rows, per_example = [], {}
+        version = None
+        for name, exs in datasets:
+            results = asyncio.run(_ask_all(url, exs, args.max_turns, args.concurrency))
+            per_example[name] = results
+            rows.append(summarize(name, results))
+            version = results[0]["weights_version"] if results else version
+    finally:
+        if url_ctx is not None:
+            url_ctx.__exit__(None, None, None)  # type: ignore[attr-defined]
+    if len(rows) > 1:
+        avg = {
+            k: sum(float(r[k]) for r in rows) / len(rows)
+            for k in ("em", "f1", "substring", "searches", "turns")
+        }
+        rows.append({"dataset": "average", "n": sum(int(r["n"]) for r in rows), **avg})
+    meta = {"model": args.model or args.rollout_url, "max_turns": args.max_turns, "weights_version": version,
+            "seconds": time.monotonic() - t0}  # fmt: skip
+    report = {"meta": meta, "summary": rows, "examples": per_example}
+    (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
+    (out / "eval.md").write_text(markdown(rows, meta))
+    print(markdown(rows, meta))
+    print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
+    return report
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llds eval", description=__doc__.split("\n\n")[0])
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--model", help="policy folder or hub name (starts a rollout service for the run)")
+    src.add_argument("--rollout-url", help="a running rollout service")
+    p.add_argument(
+        "--data",
+        action="append",
+        required=True,
+        help="synthworld-eval, synthworld-train or a file; repeatable",
+    )
+    p.add_argument(
+        "--retriever-url", help="retriever to use with --model (default: the synthetic world's BM25)"
+    )
+    p.add_argument(
+        "--max-turns", type=int, default=PROTOCOL_MAX_TURNS, help="search turns (published protocol: 4)"
+    )
+    p.add_argument("--limit", type=int, default=0, help="first N questions of each set (0 = all)")
+    p.add_argument("--concurrency", type=int, default=8, help="questions in flight")
+    p.add_argument("--world-seed", type=int, default=0, help="seed of the built-in synthetic world")
+    p.add_argument("--out", default="runs/eval", help="report folder")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = build_parser()
+    args = p.parse_args(argv)
+    if args.max_turns < 1 or args.concurrency < 1 or args.limit < 0:
+        p.error(
+            f"--max-turns ({args.max_turns}) and --concurrency ({args.concurrency}) must be >= 1, --limit >= 0"
+        )
+    try:
+        run(args)
+    except EvalError as e:
+        print(f"llds eval: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
