@@ -1,0 +1,47 @@
+"""Evaluation datasets load in FlashRAG and Search-R1 forms; bad rows are named."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from llds.evaluate import EvalError, load_dataset, markdown, row_to_example, summarize
+
+
+def test_flashrag_row() -> None:
+    ex = row_to_example({"id": "q1", "question": "who?", "golden_answers": ["A", "B"]}, 0)
+    assert (ex.id, ex.question, ex.golds) == ("q1", "who?", ["A", "B"])
+
+
+def test_search_r1_row_takes_question_from_prompt_and_golds_from_reward_model() -> None:
+    row = {
+        "prompt": [{"role": "user", "content": "Answer ... Question: who wrote hamlet?\n"}],
+        "reward_model": {"style": "rule", "ground_truth": {"target": ["Shakespeare"]}},
+    }
+    ex = row_to_example(row, 7)
+    assert (ex.id, ex.question, ex.golds) == ("7", "who wrote hamlet?", ["Shakespeare"])
+
+
+def test_row_without_answers_is_named() -> None:
+    with pytest.raises(EvalError, match="row 3"):
+        row_to_example({"question": "q"}, 3)
+
+
+def test_builtin_and_file_sets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("LLDS_CACHE_DIR", str(tmp_path / "cache"))
+    name, exs = load_dataset("synthworld-eval")
+    assert name == "synthworld-eval" and len(exs) > 50
+    f = tmp_path / "mini.jsonl"
+    f.write_text(json.dumps({"question": "q", "golden_answers": "a"}) + "\n")
+    assert load_dataset(str(f))[1][0].golds == ["a"]
+    with pytest.raises(EvalError, match="no such"):
+        load_dataset(str(tmp_path / "nope.jsonl"))
+
+
+def test_summary_means_and_markdown() -> None:
+    rows = [{"em": 1.0, "f1": 1.0, "substring": 1.0, "searches": 2, "turns": 3},
+            {"em": 0.0, "f1": 0.5, "substring": 1.0, "searches": 0, "turns": 1}]  # fmt: skip
+    s = summarize("x", rows)
+    assert (s["n"], s["em"], s["f1"], s["searches"]) == (2, 0.5, 0.75, 1.0)
+    md = markdown([s], {"model": "m", "max_turns": 4, "weights_version": 0, "seconds": 1.0})
+    assert "| x | 2 | 0.500 | 0.750 |" in md
