@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.llds-installed
 PYTEST_ARGS ?=
 
-.PHONY: install run test test-fast lint format schema clean
+.PHONY: install system-deps run test test-fast lint format schema clean
 
 install: $(STAMP)
 
@@ -23,10 +23,16 @@ $(STAMP): pyproject.toml Makefile
 run: install
 	$(VENV)/bin/llds up
 
-test: install
+# Debian tools the tests use (compose/kubectl validators, headless Chromium). Idempotent; needs root
+# for apt-get. Tests that need a missing tool skip and say which.
+system-deps:
+	@command -v docker-compose >/dev/null || { (apt-get update -qq && apt-get install -y -qq docker-compose) >/dev/null 2>&1 || echo "warning: docker-compose not installable; compose validation will skip"; }
+	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || apt-get install -y -qq kubectl >/dev/null 2>&1 || echo "warning: kubectl not installable; k8s render tests will skip"
+
+test: install system-deps
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: install
+test-fast: install system-deps
 	$(PY) -m pytest -m "not slow and not e2e" $(PYTEST_ARGS)
 
 lint: install

@@ -130,7 +130,10 @@ def tiny_model_dir(seed: int = 0) -> Path:
     return _publish_dir(tmp, final)
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    import argparse
+
+    argparse.ArgumentParser(prog="llds assets", description=__doc__.split("\n\n")[0]).parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     print(f"tokenizer: {smollm2_tokenizer_dir()}")
     print(f"tiny:      {tiny_model_dir()}")

