@@ -46,7 +46,9 @@ class Child:
             env=env,
             start_new_session=True,
         )
-        self._pump = threading.Thread(target=self._copy_output, args=(echo,), daemon=True, name=f"log-{self.name}")
+        self._pump = threading.Thread(
+            target=self._copy_output, args=(echo,), daemon=True, name=f"log-{self.name}"
+        )
         self._pump.start()
         return self
 
@@ -112,4 +114,6 @@ def wait_healthy(child: Child, url: str, timeout_s: float) -> float:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
-    raise ChildFailed(f"{child.name} not healthy at {url} after {timeout_s:.0f} s; last lines:\n" + "\n".join(child.tail))
+    raise ChildFailed(
+        f"{child.name} not healthy at {url} after {timeout_s:.0f} s; last lines:\n" + "\n".join(child.tail)
+    )
