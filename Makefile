@@ -8,7 +8,7 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.llds-installed
 PYTEST_ARGS ?=
 
-.PHONY: install system-deps run test test-fast lint format schema clean
+.PHONY: install system-deps browser run test test-fast lint format schema clean
 
 install: $(STAMP)
 
@@ -29,10 +29,14 @@ system-deps:
 	@command -v docker-compose >/dev/null || { (apt-get update -qq && apt-get install -y -qq docker-compose) >/dev/null 2>&1 || echo "warning: docker-compose not installable; compose validation will skip"; }
 	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || apt-get install -y -qq kubectl >/dev/null 2>&1 || echo "warning: kubectl not installable; k8s render tests will skip"
 
-test: install system-deps
+# Headless Chromium + chromedriver (Debian packages) for the dashboard's browser tests.
+browser:
+	@bash scripts/install-browser.sh
+
+test: install system-deps browser
 	$(PY) -m pytest $(PYTEST_ARGS)
 
-test-fast: install system-deps
+test-fast: install system-deps browser
 	$(PY) -m pytest -m "not slow and not e2e" $(PYTEST_ARGS)
 
 lint: install

@@ -208,7 +208,8 @@ class Up:
         if cfg.dashboard:
             specs.append(("dashboard", [*py, "dashboard", "serve", "--host", cfg.host, "--port", str(self.ports["dashboard"]),
                                         "--retriever-url", self.url("retriever"), "--rollout-url", self.url("rollout"),
-                                        "--trainer-url", self.url("trainer")], {}))  # fmt: skip
+                                        "--trainer-url", self.url("trainer"),
+                                        "--train-log", str(self.run_dir / "trainer" / "train_log.jsonl")], {}))  # fmt: skip
         for name, argv, extra_env in specs:
             child = Child(
                 name=name, argv=argv, log_path=logs / f"{name}.log", env={**env, **extra_env}

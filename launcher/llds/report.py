@@ -1,0 +1,252 @@
+"""``llds report RUN_DIR``: PNG plots of a run's reward and LLD signals and a one-page summary.
+
+Reads the trainer's per-step log (``RUN_DIR/train_log.jsonl``, or ``RUN_DIR/trainer/train_log.jsonl``
+where ``llds up`` puts it; a path to the JSONL file itself also works) and writes into
+``RUN_DIR/report/`` (or ``--out``): ``reward.png``, ``lld.png``, ``training.png`` and ``summary.md``.
+
+    llds report runs/20261129-120000
+    llds report runs/20261129-120000 --out /tmp/report
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+LOG_NAMES = ("train_log.jsonl", "trainer/train_log.jsonl")
+ALARM_NAMES = {0: "ok", 1: "warning", 2: "alarm"}
+
+
+class ReportError(ValueError):
+    """The run's log is missing or unreadable; the message says which file and line."""
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One PNG: a grid of subplots, each a title and the keys it draws."""
+
+    name: str
+    title: str
+    plots: tuple[tuple[str, tuple[str, ...]], ...]
+
+
+# "a|b": one signal under alternative names (the issue's and the trainer's own); the first with data wins.
+FIGURES: tuple[Figure, ...] = (
+    Figure("reward", "Reward", (("Reward and exact match", ("reward/mean", "reward/exact_match")),)),
+    Figure("lld", "Likelihood dynamics (LLD signals)", (
+        ("Log-likelihood per token", ("lld/correct_logp_mean|lld/correct_logp_token", "lld/first_action_logp",
+                                      "lld/later_action_logp", "lld/incorrect_logp_token")),
+        ("Correct log-likelihood slope", ("lld/correct_logp_slope",)),
+        ("Displaced (fell) and gated fractions", ("lld/displaced_frac_responses|lld/fell_fraction_responses",
+                                                  "lld/displaced_frac_actions|lld/fell_fraction_actions",
+                                                  "llds/gated_frac|llds/gated_fraction")),
+        ("Correct - incorrect gap", ("lld/correct_incorrect_gap",)),
+        ("LLD alarm (0 ok, 1 warning, 2 alarm)", ("lld/alarm",)),
+        ("LLDS term", ("loss/llds|lld/llds_term",)),
+    )),
+    Figure("training", "Training", (
+        ("Losses", ("loss/total", "loss/policy", "loss/kl")),
+        ("Token entropy", ("actor/entropy",)),
+        ("Gradient norm (pre-clip)", ("actor/grad_norm",)),
+        ("Clip fraction", ("actor/clip_frac",)),
+        ("Response length", ("response/length_mean|rollout/response_len_mean",)),
+        ("Turns and valid searches", ("response/turns_mean|rollout/turns_mean",
+                                      "response/valid_searches_mean|rollout/valid_searches_mean")),
+    )),
+)  # fmt: skip
+
+SUMMARY_KEYS = (
+    "reward/mean", "reward/exact_match", "loss/llds|lld/llds_term", "lld/correct_logp_mean|lld/correct_logp_token",
+    "lld/correct_logp_slope", "lld/displaced_frac_responses|lld/fell_fraction_responses",
+    "lld/displaced_frac_actions|lld/fell_fraction_actions", "lld/correct_incorrect_gap",
+    "llds/gated_frac|llds/gated_fraction", "actor/entropy", "actor/grad_norm",
+    "response/length_mean|rollout/response_len_mean", "response/turns_mean|rollout/turns_mean",
+    "response/valid_searches_mean|rollout/valid_searches_mean",
+)  # fmt: skip
+
+
+def find_log(path: Path) -> Path:
+    """The train log for a run directory (or the file itself)."""
+    if path.is_file():
+        return path
+    for name in LOG_NAMES:
+        if (path / name).is_file():
+            return path / name
+    raise ReportError(f"no train log in {path}: looked for {', '.join(str(path / n) for n in LOG_NAMES)}")
+
+
+def read_log(path: Path) -> list[dict[str, Any]]:
+    """Step records in file order. A truncated last line (a run killed mid-write) is dropped;
+    a bad line anywhere else is an error."""
+    lines = path.read_text().splitlines()
+    records: list[dict[str, Any]] = []
+    for i, line in enumerate(lines, start=1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            if i == len(lines):
+                print(
+                    f"warning: {path}:{i} is incomplete (run still writing or killed); ignored",
+                    file=sys.stderr,
+                )
+                break
+            raise ReportError(f"{path}:{i} is not JSON: {e}") from e
+        if not isinstance(rec, dict):
+            raise ReportError(f"{path}:{i} is not a JSON object")
+        records.append(rec)
+    if not records:
+        raise ReportError(f"{path} holds no step records")
+    return records
+
+
+def _num(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    return float(v) if math.isfinite(v) else None
+
+
+def series(records: list[dict[str, Any]], spec: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of one key, skipping records without a finite value; ``spec`` may name
+    alternatives ``a|b`` (the first with data is used)."""
+    return _series(records, spec)[1:]
+
+
+def _series(records: list[dict[str, Any]], spec: str) -> tuple[str, list[float], list[float]]:
+    for key in spec.split("|"):
+        xs: list[float] = []
+        ys: list[float] = []
+        for i, rec in enumerate(records):
+            y = _num(rec.get(key))
+            if y is None:
+                continue
+            x = _num(rec.get("step"))
+            xs.append(x if x is not None else float(i + 1))
+            ys.append(y)
+        if ys:
+            return key, xs, ys
+    return spec.split("|")[0], [], []
+
+
+def plot_figure(fig_spec: Figure, records: list[dict[str, Any]], out: Path) -> Path | None:
+    """Write one PNG; None when none of its keys has data."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    plots = [(t, [k for k in keys if series(records, k)[1]]) for t, keys in fig_spec.plots]
+    plots = [(t, keys) for t, keys in plots if keys]
+    if not plots:
+        return None
+    cols = 1 if len(plots) == 1 else 2
+    rows = math.ceil(len(plots) / cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (title, keys) in zip(axes.flat, plots, strict=False):
+        for spec in keys:
+            key, xs, ys = _series(records, spec)
+            stepped = key in ("lld/alarm", "weights/version")
+            ax.plot(xs, ys, label=key, drawstyle="steps-post" if stepped else "default",
+                    marker="o" if len(xs) < 30 else None, markersize=3)  # fmt: skip
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8)
+    for ax in list(axes.flat)[len(plots) :]:
+        ax.axis("off")
+    fig.suptitle(fig_spec.title)
+    fig.tight_layout()
+    path = out / f"{fig_spec.name}.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def _fmt(v: float | None) -> str:
+    if v is None:
+        return "–"
+    if v == 0 or 1e-3 <= abs(v) < 1e5:
+        return f"{v:.4g}"
+    return f"{v:.3e}"
+
+
+def summarize(records: list[dict[str, Any]], log_path: Path, images: list[Path]) -> str:
+    """The one-page Markdown summary."""
+    steps = [s for s in (_num(r.get("step")) for r in records) if s is not None]
+    lines = [
+        f"# Run report: {log_path.parent.name if log_path.parent.name != 'trainer' else log_path.parent.parent.name}",
+        "",
+    ]
+    lines.append(f"- log: `{log_path}`")
+    lines.append(
+        f"- step records: {len(records)}" + (f" (steps {int(min(steps))}-{int(max(steps))})" if steps else "")
+    )
+    xs, rewards = series(records, "reward/mean")
+    if rewards:
+        best = max(range(len(rewards)), key=rewards.__getitem__)
+        lines.append(f"- reward/mean: first {_fmt(rewards[0])}, last {_fmt(rewards[-1])}, "
+                     f"best {_fmt(rewards[best])} at step {int(xs[best])}")  # fmt: skip
+    ax, alarms = series(records, "lld/alarm")
+    if alarms:
+        counts = {name: sum(1 for a in alarms if int(a) == level) for level, name in ALARM_NAMES.items()}
+        first = next((int(x) for x, a in zip(ax, alarms, strict=True) if a >= 2), None)
+        first_warn = next((int(x) for x, a in zip(ax, alarms, strict=True) if a >= 1), None)
+        lines.append(f"- LLD alarm: final **{ALARM_NAMES.get(int(alarms[-1]), alarms[-1])}**; steps ok {counts['ok']}, "
+                     f"warning {counts['warning']}, alarm {counts['alarm']}; first warning at step "
+                     f"{first_warn if first_warn is not None else '–'}, first alarm at step "
+                     f"{first if first is not None else '–'}")  # fmt: skip
+    else:
+        lines.append("- LLD alarm: not logged")
+    lines += ["", "| key | first | last | min | max |", "|---|---|---|---|---|"]
+    for spec in SUMMARY_KEYS:
+        key, _, ys = _series(records, spec)
+        if ys:
+            lines.append(f"| `{key}` | {_fmt(ys[0])} | {_fmt(ys[-1])} | {_fmt(min(ys))} | {_fmt(max(ys))} |")
+    lines.append("")
+    for img in images:
+        lines += [f"![{img.stem}]({img.name})", ""]
+    return "\n".join(lines)
+
+
+def build(run: Path, out: Path | None = None) -> dict[str, Path]:
+    """Write the plots and summary.md; returns name -> path of what was written."""
+    log_path = find_log(run)
+    records = read_log(log_path)
+    if out is None:
+        run_dir = log_path.parent.parent if log_path.parent.name == "trainer" else log_path.parent
+        out = run_dir / "report"
+    out.mkdir(parents=True, exist_ok=True)
+    written: dict[str, Path] = {}
+    for spec in FIGURES:
+        path = plot_figure(spec, records, out)
+        if path is not None:
+            written[spec.name] = path
+    summary = out / "summary.md"
+    summary.write_text(summarize(records, log_path, list(written.values())))
+    written["summary"] = summary
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="llds report", description=__doc__.split("\n\n")[0])
+    p.add_argument("run", type=Path, help="run directory (or its train_log.jsonl)")
+    p.add_argument("--out", type=Path, help="output folder (default RUN_DIR/report)")
+    args = p.parse_args(sys.argv[1:] if argv is None else argv)
+    try:
+        written = build(args.run, args.out)
+    except ReportError as e:
+        print(f"llds report: {e}", file=sys.stderr)
+        return 2
+    for name, path in written.items():
+        print(f"{name:<9} {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
