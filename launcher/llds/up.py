@@ -257,20 +257,28 @@ class Up:
                 time.sleep(2.0)
         return status
 
+    def pause_production(self) -> None:
+        """Training is done: stop the rollout producing groups nobody will consume (it keeps answering)."""
+        r = httpx.post(f"{self.url('rollout')}/admin/pause", headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        if r.status_code != 200:
+            print(f"warning: could not pause rollout production: {r.status_code} {r.text[:200]}")
+
     def summary(self, status: dict[str, object], world_dir: Path) -> dict[str, object]:
         """Ask one held-out question through the live system and print a one-screen summary."""
         row = json.loads((world_dir / "eval.jsonl").read_text().splitlines()[0])
         with httpx.Client(timeout=300.0) as client:
             health = client.get(f"{self.url('rollout')}/health").json()
             ans = client.post(f"{self.url('rollout')}/answer", json={"question": row["question"]})
-            history = client.get(f"{self.url('trainer')}/history").json()
+        # The trainer may already have exited after its last step: read its log, not its HTTP API.
+        log_path = self.run_dir / "trainer" / "train_log.jsonl"
+        history = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.exists() else []
         answer = ans.json() if ans.status_code == 200 else {"error": ans.text}
-        rewards = [h.get("reward/mean") for h in history]
         out = {
-            "steps": status.get("step"),
+            "steps": max(int(status.get("step", 0) or 0), len(history)),
             "trainer_weights_version": status.get("weights_version"),
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
-            "reward_mean_per_step": rewards,
+            "reward_mean_per_step": [h.get("reward/mean") for h in history],
+            "llds_term_per_step": [h.get("loss/llds") for h in history],
             "question": row["question"],
             "gold": row["golden_answers"],
             "answer": answer.get("answer"),
@@ -324,6 +332,7 @@ def parse_args(argv: list[str]) -> UpConfig:
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
+    logging.getLogger("httpx").setLevel(logging.WARNING)
     up = Up(cfg)
     # SIGTERM (e.g. from a test or a container runtime) takes the same path as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -333,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
         up.start(paths)
         up.banner()
         status = up.wait_for_steps()
+        up.pause_production()
         up.summary(status, paths["world"])
         if not cfg.exit_when_done:
             print("training done; still serving /answer — Ctrl-C to stop")
