@@ -1,0 +1,146 @@
+"""``llds trainer run``: the GRPO + LLDS trainer service.
+
+Consumes trajectory groups from Redis, trains, publishes weights and serves ``/health``,
+``/metrics``, ``/history``, ``/status`` while it trains. Example::
+
+    python -m llds_trainer --config configs/trainer_cpu.toml --model DIR --redis-url redis://127.0.0.1:6379/0 \\
+        --run-dir runs/trainer --weights-root runs/weights --steps 100
+
+Data-parallel: ``torchrun --nproc_per_node 2 -m llds_trainer --config ...`` (rank 0 serves HTTP).
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import signal
+import sys
+import threading
+import time
+import tomllib
+from typing import Any
+
+from pydantic import ValidationError
+
+from llds_proto.settings import ConfigError
+from llds_trainer.config import ADMIN_TOKEN_ENV, TrainerConfig
+
+log = logging.getLogger("llds.trainer")
+
+
+def _parse_set(items: list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs, VALUE in TOML syntax (bare words are strings)."""
+    out: dict[str, Any] = {}
+    for item in items:
+        key, eq, value = item.partition("=")
+        if not eq:
+            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
+        try:
+            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            out[key.strip()] = value
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llds trainer run", description=__doc__.split("\n\n")[0])
+    p.add_argument("--config", help="TOML file (e.g. configs/trainer_cpu.toml)")
+    p.add_argument("--model", help="initial policy folder (version 0)")
+    p.add_argument("--reference-model", help="frozen KL reference (default: --model)")
+    p.add_argument("--redis-url")
+    p.add_argument("--run-dir")
+    p.add_argument("--weights-root")
+    p.add_argument("--steps", type=int, help="train until this step (0 = forever)")
+    p.add_argument("--host")
+    p.add_argument("--port", type=int)
+    p.add_argument("--consumer-name")
+    p.add_argument("--notify-url", action="append", dest="notify_urls", help="rollout base URL (repeatable)")
+    p.add_argument("--seed", type=int)
+    p.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --run-dir")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config field")
+    return p
+
+
+def load_config(argv: list[str]) -> TrainerConfig:
+    args = build_parser().parse_args(argv)
+    overrides: dict[str, Any] = {
+        k: getattr(args, k)
+        for k in ("model", "reference_model", "redis_url", "run_dir", "weights_root", "steps", "host", "port",
+                  "consumer_name", "notify_urls", "seed")
+    }  # fmt: skip
+    if args.no_resume:
+        overrides["resume"] = False
+    overrides.update(_parse_set(args.set))
+    return TrainerConfig.load(args.config, overrides)
+
+
+def run_main(argv: list[str]) -> int:
+    """Parse and validate the config, then (importing torch only now) train and serve."""
+    try:
+        cfg = load_config(argv)
+    except (ConfigError, ValidationError) as e:
+        print(f"llds trainer: bad config: {e}", file=sys.stderr)
+        return 2
+    if not cfg.model:
+        print("llds trainer: --model is required", file=sys.stderr)
+        return 2
+    rank = int(os.environ.get("RANK", "0"))
+    logging.basicConfig(
+        level=logging.INFO,
+        format=f"%(asctime)s %(levelname)s %(name)s[r{rank}] %(message)s",
+        stream=sys.stderr,
+    )
+    if rank == 0:
+        path = cfg.write_toml(os.path.join(cfg.run_dir, "trainer_config.toml"))
+        log.info("resolved config written to %s", path)
+    token = os.environ.get(ADMIN_TOKEN_ENV) or None
+    if token is None:
+        log.warning("%s is not set: weight-update notices will be rejected by the rollout", ADMIN_TOKEN_ENV)
+
+    import uvicorn
+
+    from llds_trainer.app import create_app
+    from llds_trainer.service import TrainerService
+
+    service = TrainerService(cfg, admin_token=token)
+    server = None
+    if rank == 0:
+        server = uvicorn.Server(
+            uvicorn.Config(create_app(service), host=cfg.host, port=cfg.port, log_level="warning")
+        )
+        http = threading.Thread(target=server.run, name="trainer-http", daemon=True)
+        http.start()
+        deadline = time.monotonic() + 30
+        while not server.started and http.is_alive() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        if not server.started:
+            print(f"llds trainer: cannot serve HTTP on {cfg.host}:{cfg.port} (port in use?)", file=sys.stderr)
+            return 1
+
+    def _stop(signum: int, _frame: object) -> None:
+        log.info("signal %d: stopping after the current step", signum)
+        service.stop_event.set()
+
+    signal.signal(signal.SIGTERM, _stop)
+    signal.signal(signal.SIGINT, _stop)
+    rc = 0
+    try:
+        service.setup()
+        service.run()
+        log.info("trainer %s at step %d", service.state, service.trainer.state.step)
+    except Exception as e:
+        service.state = "failed"
+        service.error = f"{type(e).__name__}: {e}"
+        log.exception("trainer failed")
+        rc = 1
+    finally:
+        if server is not None:
+            server.should_exit = True
+        if service.trainer is not None:
+            service.trainer.dist.close()
+    return rc
+
+
+def main() -> int:
+    return run_main(sys.argv[1:])

@@ -1,0 +1,168 @@
+"""The trainer's configuration: one pydantic class, resolved defaults < TOML < env < CLI flags.
+
+Importing this module imports no torch, so ``llds trainer run --help`` and config validation are
+instant and a bad config fails before a model loads.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from llds_proto.settings import ServiceSettings
+
+ADMIN_TOKEN_ENV = "LLDS_ADMIN_TOKEN"
+"""Environment variable holding the bearer token of the rollout's admin routes."""
+
+
+class TrainerConfig(ServiceSettings):
+    """Everything the trainer service reads; every field documented, env prefix ``LLDS_TRAINER_``."""
+
+    model_config = SettingsConfigDict(env_prefix="LLDS_TRAINER_", extra="forbid", validate_default=True)
+
+    # ---------------------------------------------------------------- wiring
+    model: str | None = None
+    """Initial policy: a Hugging Face folder (version 0). Required to train."""
+    reference_model: str | None = None
+    """Frozen reference for the KL term; defaults to ``model``. Loaded only when ``kl_coef`` > 0."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the trajectory stream, the version key and the replica registry."""
+    run_dir: str = "runs/trainer"
+    """Checkpoints, ``train_log.jsonl`` and the resolved ``trainer_config.toml`` go here."""
+    weights_root: str = "runs/weights"
+    """Published policy versions go to ``{weights_root}/v{version:06d}/``."""
+    host: str = "127.0.0.1"
+    """HTTP bind address."""
+    port: int = Field(default=8002, ge=0, le=65535)
+    """HTTP port (0 = pick a free one)."""
+    consumer_name: str = Field(default="trainer-0", min_length=1, max_length=128)
+    """Name in the Redis consumer group; keep it stable across restarts to re-read own pending groups."""
+    notify_urls: list[str] = Field(default_factory=list)
+    """Rollout base URLs notified of each new version, besides those in ``llds:rollout:replicas``."""
+    notify_timeout_s: float = Field(default=30.0, gt=0)
+    """Timeout of one ``POST /admin/weights``."""
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+    """Where to train; ``auto`` = CUDA when available."""
+    dtype: Literal["float32", "bfloat16"] = "float32"
+    """Parameter dtype (bfloat16 only on GPUs; AdamW state stays in the same dtype)."""
+    num_threads: int = Field(default=0, ge=0)
+    """torch intra-op threads on the CPU (0 = torch's default)."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass to save memory."""
+
+    # ---------------------------------------------------------------- schedule
+    steps: int = Field(default=0, ge=0)
+    """Train until this RL step (absolute, also after a resume); 0 = forever."""
+    groups_per_step: int = Field(default=2, ge=1)
+    """Trajectory groups (prompts) consumed per RL step."""
+    minibatches_per_step: int = Field(default=2, ge=1)
+    """Optimizer updates per RL step (and epoch); LLDS is zero on the first one by construction."""
+    epochs_per_step: int = Field(default=1, ge=1)
+    """Passes over the step's batch (PPO epochs)."""
+    micro_batch_size: int = Field(default=4, ge=1)
+    """Trajectories per forward/backward; a mini-batch accumulates gradients over its micro-batches."""
+    shuffle: bool = True
+    """Shuffle trajectories across mini-batches (seeded by ``seed`` and the step)."""
+    seed: int = 0
+    """Seed of the shuffling and of torch's RNG."""
+
+    # ---------------------------------------------------------------- optimizer
+    lr: float = Field(default=1e-6, gt=0)
+    """AdamW learning rate after warm-up."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """AdamW weight decay."""
+    adam_betas: tuple[float, float] = (0.9, 0.999)
+    """AdamW betas."""
+    adam_eps: float = Field(default=1e-8, gt=0)
+    """AdamW epsilon."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up over this many RL steps: lr * (step + 1) / warmup_steps, then constant."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global gradient-norm clip per optimizer update."""
+
+    # ---------------------------------------------------------------- objective
+    policy_loss: Literal["ppo", "gspo"] = "ppo"
+    """Token-level PPO-clip (GRPO) or GSPO's sequence-level ratio."""
+    clip_eps: float = Field(default=0.2, gt=0)
+    """PPO clip range (lower, and upper unless ``clip_eps_high``)."""
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    """Upper clip range; unset = symmetric."""
+    gspo_clip_eps: float = Field(default=3e-4, gt=0)
+    """GSPO lower clip range of the sequence ratio."""
+    gspo_clip_eps_high: float = Field(default=4e-4, gt=0)
+    """GSPO upper clip range."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """Aggregation of the token losses of a micro-batch (Search-R1: token_mean)."""
+    temperature: float = Field(default=1.0, gt=0)
+    """Sampling temperature; logits are divided by it so log-probs match the sampler's."""
+    kl_coef: float = Field(default=0.0, ge=0)
+    """Coefficient of the low-variance KL to the reference model (0 = no reference model loaded)."""
+    kl_clamp: float = Field(default=10.0, gt=0)
+    """Clamp of the per-token k3 KL estimate."""
+    entropy_coef: float = Field(default=0.0, ge=0)
+    """Entropy bonus coefficient (subtracted from the loss)."""
+
+    regularizer: Literal["none", "llds"] = "llds"
+    """Likelihood regulariser added to the loss."""
+    llds_lambda: float = Field(default=0.2, ge=0)
+    """LLDS weight lambda (0.3 for Qwen2.5-7B-Instruct in the paper)."""
+    llds_gate: Literal["action", "response", "token"] = "action"
+    """LLDS gate: action (default, best), response, or token (no gate)."""
+    llds_normalize: Literal["token", "paper"] = "token"
+    """token: sum / loss tokens of the micro-batch (authors' code); paper: per-response mean (Eq. 4)."""
+    answer_weight_mode: Literal["off", "fixed", "adaptive_code", "adaptive_paper"] = "off"
+    """MA answer-span weight: off, fixed, adaptive as in the code, adaptive as in the paper."""
+    answer_weight: float = Field(default=0.2, ge=0)
+    """w_ans of the MA rules (capped at lambda)."""
+
+    is_correction: Literal["off", "stale", "all"] = "stale"
+    """Truncated importance sampling against the sampler's log-probs: off, only tokens sampled by an
+    older version than pi_old, or every token (also corrects engine/trainer numeric mismatch)."""
+    is_cap: float = Field(default=2.0, ge=1.0)
+    """Upper clamp of the truncated importance weights."""
+    staleness_k: int = Field(default=1, ge=0)
+    """Drop a group whose oldest token is more than K versions behind the trainer's version."""
+
+    # ---------------------------------------------------------------- queue
+    claim_idle_ms: int = Field(default=60_000, ge=1)
+    """Reclaim another consumer's pending group after it sat unacknowledged this long (XAUTOCLAIM)."""
+    read_block_ms: int = Field(default=1000, ge=1)
+    """Longest single blocking XREADGROUP wait (the loop re-checks for shutdown in between)."""
+
+    # ---------------------------------------------------------------- outputs
+    checkpoint_every: int = Field(default=1, ge=1)
+    """Write a checkpoint every N steps; consumed groups are acknowledged only then."""
+    keep_checkpoints: int = Field(default=2, ge=1)
+    """Checkpoints kept (older ones deleted)."""
+    resume: bool = True
+    """Resume from the newest checkpoint in ``run_dir`` if one exists."""
+    publish_every: int = Field(default=1, ge=1)
+    """Publish a new weights version every N steps."""
+    keep_versions: int = Field(default=3, ge=1)
+    """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
+
+    # ---------------------------------------------------------------- monitoring
+    lld_probe: bool = True
+    """After each step's last update, one extra no-grad forward to measure intra-step displacement."""
+    lld_window: int = Field(default=10, ge=3)
+    """Steps in the slope window of the LLD monitor."""
+    lld_slope_threshold: float = Field(default=0.0, ge=0)
+    """Warning needs the correct-response log-likelihood slope (nats/token/step) below minus this."""
+    lld_fell_fraction: float = Field(default=0.5, ge=0, le=1)
+    """Warning needs the fraction of correct responses whose likelihood fell at or above this."""
+    lld_persist_steps: int = Field(default=3, ge=1)
+    """Consecutive steps the warning conditions must hold."""
+    lld_spike_factor: float = Field(default=3.0, gt=1)
+    """Alarm: entropy or gradient norm above this multiple of its window median."""
+    history_limit: int = Field(default=100_000, ge=1)
+    """Step records kept in memory for ``GET /history``."""
+
+    @model_validator(mode="after")
+    def _check(self) -> TrainerConfig:
+        if self.clip_eps >= 1:
+            raise ValueError("clip_eps must be < 1")
+        if self.dtype == "bfloat16" and self.device == "cpu":
+            raise ValueError("dtype bfloat16 needs a GPU; use float32 on the CPU")
+        return self

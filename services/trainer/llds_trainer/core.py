@@ -1,0 +1,560 @@
+"""The GRPO + LLDS learner: one RL step on a list of trajectory groups, checkpoint and resume.
+
+No web framework and no Redis here: :class:`Trainer` takes decoded groups and returns the step's
+log record, so it is unit-testable with a tiny model. One RL step:
+
+1. flatten groups, GRPO advantage per group;
+2. pi_old pass (no grad): the current policy's log-probs of every sampled token (and the reference
+   model's when the KL term is on), the entropy, and the mismatch against the sampler's log-probs;
+3. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates, each accumulating gradients
+   over micro-batches (split across data-parallel ranks), clipped, AdamW;
+4. LLD probe (no grad): the log-probs after the last update, for the displacement signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+import torch
+from torch import Tensor
+
+from llds_proto.messages import TrajectoryGroup
+from llds_trainer import checkpoint as ckpt
+from llds_trainer.batch import MicroBatch, Sample, collate, response_slice, samples_from_groups
+from llds_trainer.config import TrainerConfig
+from llds_trainer.dist import DistContext
+from llds_trainer.lld import LLDMonitor
+from llds_trainer.loss import (
+    LLDSDetails,
+    aggregate,
+    answer_weight,
+    entropy_from_logits,
+    gspo_loss,
+    llds_details,
+    low_var_kl,
+    ppo_clip_loss,
+    token_logprobs,
+    truncated_is_weights,
+)
+
+log = logging.getLogger("llds.trainer")
+
+
+class TrainerError(RuntimeError):
+    """The trainer cannot continue (bad model folder, empty batch, unreadable checkpoint)."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise TrainerError("device 'cuda' requested but no CUDA device is available")
+    return torch.device(name)
+
+
+class Regularizer(Protocol):
+    """A likelihood regulariser added to the policy loss (chosen by ``TrainerConfig.regularizer``)."""
+
+    def __call__(
+        self,
+        logp_new: Tensor,
+        logp_old: Tensor,
+        advantages: Tensor,
+        loss_mask: Tensor,
+        answer_mask: Tensor,
+        answer_weight: float | None,
+    ) -> LLDSDetails | None: ...
+
+
+class NoRegularizer:
+    def __call__(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+@dataclass(frozen=True)
+class LLDSRegularizer:
+    lam: float
+    gate: Any
+    normalize: Any
+
+    def __call__(
+        self,
+        logp_new: Tensor,
+        logp_old: Tensor,
+        advantages: Tensor,
+        loss_mask: Tensor,
+        answer_mask: Tensor,
+        answer_weight: float | None,
+    ) -> LLDSDetails:
+        return llds_details(
+            logp_new,
+            logp_old,
+            advantages,
+            loss_mask,
+            gate=self.gate,
+            lam=self.lam,
+            answer_mask=answer_mask,
+            answer_weight=answer_weight,
+            normalize=self.normalize,
+        )
+
+
+def build_regularizer(cfg: TrainerConfig) -> Regularizer:
+    if cfg.regularizer == "llds":
+        return LLDSRegularizer(lam=cfg.llds_lambda, gate=cfg.llds_gate, normalize=cfg.llds_normalize)
+    return NoRegularizer()
+
+
+@dataclass
+class TrainState:
+    """Everything besides tensors that a resume needs."""
+
+    step: int = 0
+    """RL steps completed."""
+    version: int = 0
+    """Newest weights version published (or about to be, see :meth:`Trainer.next_version`)."""
+    consumed: list[str] = field(default_factory=list)
+    """Group ids trained on, in order (a list, so a double-trained group would be visible)."""
+    consumed_set: set[str] = field(default_factory=set)
+
+    def add_consumed(self, ids: Sequence[str]) -> None:
+        self.consumed.extend(ids)
+        self.consumed_set.update(ids)
+
+
+def lr_at(cfg: TrainerConfig, step: int) -> float:
+    """Learning rate of 0-based RL step ``step``: linear warm-up, then constant."""
+    if cfg.warmup_steps <= 0:
+        return cfg.lr
+    return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps)
+
+
+def _mean(xs: Sequence[float]) -> float | None:
+    return sum(xs) / len(xs) if xs else None
+
+
+class Trainer:
+    """Policy, optimizer and step logic of one data-parallel rank."""
+
+    def __init__(self, cfg: TrainerConfig, dist: DistContext | None = None):
+        if not cfg.model:
+            raise TrainerError("no model folder given (--model)")
+        if not Path(cfg.model, "config.json").is_file():
+            raise TrainerError(f"model folder {cfg.model} has no config.json")
+        from transformers import AutoModelForCausalLM
+
+        self.cfg = cfg
+        self.device = resolve_device(cfg.device)
+        self.dist = dist or DistContext()
+        if cfg.num_threads and self.device.type == "cpu":
+            torch.set_num_threads(cfg.num_threads)
+        torch.manual_seed(cfg.seed)
+        dtype = torch.bfloat16 if cfg.dtype == "bfloat16" else torch.float32
+        self.model = AutoModelForCausalLM.from_pretrained(cfg.model, dtype=dtype).to(self.device)
+        self.model.config.use_cache = False
+        if cfg.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        self.ref_model = None
+        if cfg.kl_coef > 0:
+            ref = cfg.reference_model or cfg.model
+            self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype).to(self.device)
+            self.ref_model.eval().requires_grad_(False)
+        pad = self.model.config.pad_token_id
+        self.pad_id = int(pad) if pad is not None else 0
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            self.params,
+            lr=cfg.lr,
+            betas=tuple(cfg.adam_betas),  # type: ignore[arg-type]
+            eps=cfg.adam_eps,
+            weight_decay=cfg.weight_decay,
+        )
+        self.regularizer = build_regularizer(cfg)
+        self.state = TrainState()
+        self.monitor = LLDMonitor(
+            window=cfg.lld_window,
+            slope_threshold=cfg.lld_slope_threshold,
+            fell_fraction=cfg.lld_fell_fraction,
+            persist=cfg.lld_persist_steps,
+            spike_factor=cfg.lld_spike_factor,
+        )
+
+    # ------------------------------------------------------------------ forward passes
+    def _logp(
+        self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
+    ) -> tuple[Tensor, Tensor | None]:
+        """Log-probs ``[B, L-1]`` of the targets (and entropy), zero before the first response token."""
+        Lm1 = mb.targets.shape[1]
+        start = max(0, int(mb.loss_mask.nonzero()[:, 1].min()) if mb.loss_mask.any() else Lm1 - 1)
+        keep = Lm1 + 1 - start  # positions start..L-1; the last one predicts past the end
+        out = model(
+            input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
+        )
+        # Only loss-mask positions are ever used; the vocabulary-wide softmax dominates the cost of
+        # a small model, so it runs on those rows alone.
+        sel = mb.loss_mask[:, start:].bool()  # [B, L-1-start]
+        logits = out.logits[:, :-1][sel].float()  # [N, V]
+        if self.cfg.temperature != 1.0:
+            logits = logits / self.cfg.temperature
+        logp = torch.zeros(mb.targets.shape, dtype=torch.float32, device=logits.device)  # [B, L-1]
+        logp[:, start:][sel] = token_logprobs(logits[None], mb.targets[:, start:][sel][None])[0]
+        ent = None
+        if want_entropy:
+            ent = torch.zeros_like(logp)  # [B, L-1]
+            ent[:, start:][sel] = entropy_from_logits(logits[None])[0]
+        return logp, ent
+
+    def _micro_batches(self, order: Sequence[int]) -> list[list[int]]:
+        k = self.cfg.micro_batch_size
+        return [list(order[i : i + k]) for i in range(0, len(order), k)]
+
+    @torch.no_grad()
+    def _score(
+        self, samples: list[Sample], *, entropy: bool, ref: bool
+    ) -> tuple[list[Tensor], list[Tensor] | None, list[Tensor] | None]:
+        """Response-aligned log-probs of every sample under the policy (and entropy, reference)."""
+        self.model.eval()
+        mine: dict[int, tuple[list[float], list[float] | None, list[float] | None]] = {}
+        for idx in self.dist.shard(self._micro_batches(range(len(samples)))):
+            mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
+            logp, ent = self._logp(self.model, mb, entropy)
+            ref_lp = self._logp(self.ref_model, mb, False)[0] if ref and self.ref_model is not None else None
+            for b, i in enumerate(idx):
+                sl = response_slice(samples[i])
+                mine[i] = (
+                    logp[b, sl].cpu().tolist(),
+                    ent[b, sl].cpu().tolist() if ent is not None else None,
+                    ref_lp[b, sl].cpu().tolist() if ref_lp is not None else None,
+                )
+        merged: dict[int, Any] = {}
+        for part in self.dist.all_gather_object(mine):
+            merged.update(part)
+        lp = [torch.tensor(merged[i][0]) for i in range(len(samples))]
+        en = [torch.tensor(merged[i][1]) for i in range(len(samples))] if entropy else None
+        rf = [torch.tensor(merged[i][2]) for i in range(len(samples))] if ref and self.ref_model else None
+        return lp, en, rf
+
+    def _place(self, mb: MicroBatch, samples: list[Sample], values: list[Tensor]) -> Tensor:
+        """Put response-aligned per-sample values at the micro-batch's target positions."""
+        out = torch.zeros(mb.targets.shape, dtype=torch.float32)  # [B, L-1]
+        for b, i in enumerate(mb.index):
+            out[b, response_slice(samples[i])] = values[i]
+        return out.to(self.device)
+
+    # ------------------------------------------------------------------ the step
+    def train_step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
+        """One RL step on ``groups``; returns the step's log record (slash-namespaced keys)."""
+        t0 = time.perf_counter()
+        cfg = self.cfg
+        samples = samples_from_groups(groups)
+        if not samples or not any(s.n_loss_tokens for s in samples):
+            raise TrainerError("a step needs at least one trajectory with loss tokens")
+        step = self.state.step
+        lr = lr_at(cfg, step)
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+        old, ent, ref = self._score(samples, entropy=True, ref=cfg.kl_coef > 0)
+        t_old = time.perf_counter()
+        v_s = sum(s.num_valid_searches for s in samples) / len(samples)
+        ans_w = answer_weight(cfg.answer_weight_mode, cfg.llds_lambda, cfg.answer_weight, v_s)
+
+        # Mismatch between the sampler's log-probs and the trainer's pi_old, KL(sampler || pi_old) (k3).
+        mm_kl: list[float] = []
+        mm_abs: list[float] = []
+        stale_tokens = 0
+        n_loss = 0
+        for i, s in enumerate(samples):
+            m = torch.tensor(s.loss_mask, dtype=torch.bool)
+            d = (old[i] - torch.tensor(s.logprobs))[m]
+            mm_kl.extend((torch.exp(d) - d - 1).tolist())
+            mm_abs.extend(d.abs().tolist())
+            stale_tokens += sum(
+                1 for v, mk in zip(s.versions, s.loss_mask, strict=True) if mk and v < self.state.version
+            )
+            n_loss += int(m.sum())
+
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        pg_losses: list[float] = []
+        llds_terms: list[float] = []
+        kl_terms: list[float] = []
+        ent_terms: list[float] = []
+        totals: list[float] = []
+        clip_fracs: list[float] = []
+        ratio_max = 0.0
+        grad_norms: list[float] = []
+        gated = [0, 0]
+        is_w_sum, is_w_n, is_trunc = 0.0, 0, 0
+        nonfinite = 0
+        updates = 0
+        train_tokens = 0
+        self.model.train()
+        for _epoch in range(cfg.epochs_per_step):
+            order = (
+                torch.randperm(len(samples), generator=gen).tolist()
+                if cfg.shuffle
+                else list(range(len(samples)))
+            )
+            for mb_idx in torch.tensor_split(torch.tensor(order), cfg.minibatches_per_step):
+                mini = mb_idx.tolist()
+                if not mini:
+                    continue
+                micros = self._micro_batches(mini)
+                scale = 1.0 / len(micros)
+                for idx in self.dist.shard(micros):
+                    mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
+                    train_tokens += int(mb.attention_mask.sum())
+                    logp_new, ent_new = self._logp(self.model, mb, cfg.entropy_coef > 0)
+                    logp_old = self._place(mb, samples, old)
+                    mask = mb.loss_mask
+                    is_w = None
+                    if cfg.is_correction != "off":
+                        apply = mask.bool()
+                        if cfg.is_correction == "stale":
+                            apply = apply & (mb.versions < self.state.version)
+                        is_w = truncated_is_weights(logp_old, mb.logp_sampler, apply, cfg.is_cap)
+                        if apply.any():
+                            raw = torch.exp(logp_old - mb.logp_sampler)[apply]
+                            is_w_sum += float(is_w[apply].sum())
+                            is_w_n += int(apply.sum())
+                            is_trunc += int((raw > cfg.is_cap).sum())
+                    if cfg.policy_loss == "gspo":
+                        pg, st = gspo_loss(
+                            logp_new,
+                            logp_old,
+                            mb.advantages,
+                            mask,
+                            clip_eps=cfg.gspo_clip_eps,
+                            clip_eps_high=cfg.gspo_clip_eps_high,
+                            is_weights=is_w,
+                        )
+                    else:
+                        pg, st = ppo_clip_loss(
+                            logp_new,
+                            logp_old,
+                            mb.advantages,
+                            mask,
+                            clip_eps=cfg.clip_eps,
+                            clip_eps_high=cfg.clip_eps_high,
+                            agg=cfg.loss_agg,
+                            is_weights=is_w,
+                        )
+                    loss = pg
+                    if self.ref_model is not None and ref is not None:
+                        kl = aggregate(
+                            low_var_kl(logp_new, self._place(mb, samples, ref), cfg.kl_clamp),
+                            mask,
+                            cfg.loss_agg,
+                        )
+                        loss = loss + cfg.kl_coef * kl
+                        kl_terms.append(float(kl.detach()))
+                    if ent_new is not None:
+                        e = aggregate(ent_new, mask, cfg.loss_agg)
+                        loss = loss - cfg.entropy_coef * e
+                        ent_terms.append(float(e.detach()))
+                    det = self.regularizer(logp_new, logp_old, mb.advantages, mask, mb.answer_mask, ans_w)
+                    if det is not None:
+                        loss = loss + det.term
+                        llds_terms.append(float(det.term.detach()))
+                        gated[0] += det.gated_units
+                        gated[1] += det.total_units
+                    (loss * scale).backward()
+                    pg_losses.append(float(pg.detach()))
+                    totals.append(float(loss.detach()))
+                    clip_fracs.append(st.clip_frac)
+                    ratio_max = max(ratio_max, st.ratio_max)
+                self.dist.all_reduce_grads(self.params)
+                norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+                if math.isfinite(norm):
+                    self.optimizer.step()
+                    updates += 1
+                else:
+                    nonfinite += 1
+                    log.warning("step %d: non-finite gradient norm, update skipped", step + 1)
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(norm)
+        t_train = time.perf_counter()
+
+        # Sums over ranks of the per-micro-batch diagnostics, so every rank logs the same record.
+        sums = self.dist.all_reduce_sum(
+            [sum(pg_losses), len(pg_losses), sum(llds_terms), len(llds_terms), sum(totals), sum(clip_fracs),
+             gated[0], gated[1], is_w_sum, is_w_n, is_trunc, train_tokens, sum(kl_terms), len(kl_terms)]
+        )  # fmt: skip
+        n_micro = max(sums[1], 1)
+
+        after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld_probe else None
+        self.state.step += 1
+        rec: dict[str, Any] = {
+            "step": self.state.step,
+            "time/unix": time.time(),
+            "data/groups": len(groups),
+            "data/trajectories": len(samples),
+            "data/loss_tokens": n_loss,
+            "data/stale_tokens": stale_tokens,
+            "reward/mean": sum(s.reward for s in samples) / len(samples),
+            "reward/exact_match": sum(s.exact_match for s in samples) / len(samples),
+            "loss/total": sums[4] / n_micro,
+            "loss/policy": sums[0] / n_micro,
+            "loss/llds": sums[2] / max(sums[3], 1) if sums[3] else 0.0,
+            "loss/kl": sums[12] / max(sums[13], 1) if sums[13] else None,
+            "llds/gated_fraction": sums[6] / sums[7] if sums[7] else 0.0,
+            "llds/answer_weight": ans_w,
+            "actor/lr": lr,
+            "actor/updates": updates,
+            "actor/nonfinite_updates": nonfinite,
+            "actor/grad_norm": _mean(grad_norms),
+            "actor/grad_norm_max": max(grad_norms) if grad_norms else None,
+            "actor/clip_frac": sums[5] / n_micro,
+            "actor/ratio_max": ratio_max,
+            "mismatch/kl": _mean(mm_kl),
+            "mismatch/abs_logp_diff": _mean(mm_abs),
+            "is/weight_mean": sums[8] / sums[9] if sums[9] else None,
+            "is/truncated_frac": sums[10] / sums[9] if sums[9] else None,
+            "rollout/valid_searches_mean": v_s,
+            "rollout/turns_mean": sum(s.num_turns for s in samples) / len(samples),
+            "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / len(samples),
+            "perf/step_s": t_train - t0 + (time.perf_counter() - t_train),
+            "perf/old_pass_s": t_old - t0,
+            "perf/update_s": t_train - t_old,
+            "perf/train_tokens_per_s": sums[11] / max(t_train - t_old, 1e-9),
+        }
+        rec.update(self._lld_signals(samples, old, ent, after))
+        rec["lld/llds_term"] = rec["loss/llds"]
+        rec.update(
+            self.monitor.update(
+                rec["lld/correct_logp_token"],
+                rec["lld/fell_fraction_responses"],
+                rec["actor/entropy"],
+                rec["actor/grad_norm"],
+            )
+        )
+        rec["perf/step_s"] = time.perf_counter() - t0
+        return rec
+
+    def _lld_signals(
+        self, samples: list[Sample], old: list[Tensor], ent: list[Tensor] | None, after: list[Tensor] | None
+    ) -> dict[str, float | None]:
+        """Spec section 5 signals on correct responses (log-probs under pi_old, displacement after the step)."""
+        corr_tok, corr_n, corr_resp = 0.0, 0, []
+        inc_tok, inc_n = 0.0, 0
+        first_lp, first_n, later_lp, later_n = 0.0, 0, 0.0, 0
+        disp: list[float] = []
+        act_fell, act_n = 0, 0
+        first_d, first_dn, later_d, later_dn = 0.0, 0, 0.0, 0
+        ent_sum, ent_n = 0.0, 0
+        for i, s in enumerate(samples):
+            m = torch.tensor(s.loss_mask, dtype=torch.bool)
+            if not m.any():
+                continue
+            lp = old[i]
+            if ent is not None:
+                ent_sum += float(ent[i][m].sum())
+                ent_n += int(m.sum())
+            if not s.correct:
+                inc_tok += float(lp[m].sum())
+                inc_n += int(m.sum())
+                continue
+            corr_tok += float(lp[m].sum())
+            corr_n += int(m.sum())
+            corr_resp.append(float(lp[m].sum()))
+            runs = _runs(s.loss_mask)
+            a0, e0 = runs[0]
+            first_lp += float(lp[a0:e0].sum())
+            first_n += e0 - a0
+            for a, e in runs[1:]:
+                later_lp += float(lp[a:e].sum())
+                later_n += e - a
+            if after is not None:
+                d = after[i] - lp
+                disp.append(float(d[m].sum()))
+                for k, (a, e) in enumerate(runs):
+                    da = float(d[a:e].sum())
+                    act_fell += int(da < 0)
+                    act_n += 1
+                    if k == 0:
+                        first_d, first_dn = first_d + da, first_dn + (e - a)
+                    else:
+                        later_d, later_dn = later_d + da, later_dn + (e - a)
+        c_tok = corr_tok / corr_n if corr_n else None
+        i_tok = inc_tok / inc_n if inc_n else None
+        return {
+            "lld/n_correct": float(len(corr_resp)),
+            "lld/correct_logp_token": c_tok,
+            "lld/correct_logp_response": _mean(corr_resp),
+            "lld/incorrect_logp_token": i_tok,
+            "lld/correct_incorrect_gap": c_tok - i_tok if c_tok is not None and i_tok is not None else None,
+            "lld/first_action_logp": first_lp / first_n if first_n else None,
+            "lld/later_action_logp": later_lp / later_n if later_n else None,
+            "lld/displacement_mean": _mean(disp),
+            "lld/fell_fraction_responses": sum(1 for x in disp if x < 0) / len(disp) if disp else None,
+            "lld/fell_fraction_actions": act_fell / act_n if act_n else None,
+            "lld/first_action_displacement": first_d / first_dn if first_dn else None,
+            "lld/later_action_displacement": later_d / later_dn if later_dn else None,
+            "actor/entropy": ent_sum / ent_n if ent_n else None,
+        }
+
+    # ------------------------------------------------------------------ checkpoints
+    def save_checkpoint(self, run_dir: str | Path) -> Path:
+        """Atomically write the full training state for the current step (rank 0 only)."""
+        from safetensors.torch import save_file, save_model
+
+        tmp = ckpt.begin(run_dir, self.state.step)
+        save_model(self.model, str(tmp / ckpt.MODEL_FILE))
+        torch.save(self.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_FILE)
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        save_file(rng, str(tmp / ckpt.RNG_FILE))
+        state = {
+            "step": self.state.step,
+            "version": self.state.version,
+            "consumed": self.state.consumed,
+            "monitor": self.monitor.state_dict(),
+            "model_source": self.cfg.model,
+        }
+        return ckpt.commit(tmp, run_dir, self.state.step, state, self.cfg.keep_checkpoints)
+
+    def load_checkpoint(self, path: Path) -> None:
+        """Restore model, optimizer, RNG, step, version, consumed ids and monitor history."""
+        from safetensors.torch import load_file, load_model
+
+        st = ckpt.read_state(path)
+        missing, unexpected = load_model(
+            self.model, str(path / ckpt.MODEL_FILE), strict=False, device=str(self.device)
+        )
+        if missing or unexpected:
+            raise ckpt.CheckpointError(
+                f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
+            )
+        self.optimizer.load_state_dict(
+            torch.load(path / ckpt.OPTIMIZER_FILE, weights_only=True, map_location=self.device)
+        )
+        if (path / ckpt.RNG_FILE).is_file():
+            rng = load_file(str(path / ckpt.RNG_FILE))
+            torch.set_rng_state(rng["torch"])
+            if "cuda" in rng and torch.cuda.is_available():
+                torch.cuda.set_rng_state(rng["cuda"])
+        self.state = TrainState(step=int(st["step"]), version=int(st["version"]))
+        self.state.add_consumed(st["consumed"])
+        self.monitor.load_state_dict(st["monitor"])
+
+
+def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
+    """Maximal runs of 1s in ``mask`` as half-open spans."""
+    out: list[tuple[int, int]] = []
+    start = None
+    for j, m in enumerate(mask):
+        if m and start is None:
+            start = j
+        elif not m and start is not None:
+            out.append((start, j))
+            start = None
+    if start is not None:
+        out.append((start, len(mask)))
+    return out

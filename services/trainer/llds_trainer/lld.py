@@ -1,0 +1,115 @@
+"""LLD monitor: the likelihood-displacement signals of ``llds.md`` section 5 and an alarm rule.
+
+The per-step signals are computed in :mod:`llds_trainer.core` from token log-probs; this module keeps
+their history and turns it into a slope and an alarm state. Pure Python, no torch.
+
+Alarm rule (our own design; the paper defines signals, not thresholds):
+
+- *warning*: for ``persist`` consecutive steps, the least-squares slope of the mean per-token
+  log-likelihood of correct responses over the last ``window`` steps is below ``-slope_threshold``
+  **and** the likelihood of correct responses is being displaced: the fraction of correct responses
+  whose likelihood fell during the step is at least ``fell_fraction``, or that fraction itself has
+  a positive slope over the window (phase II of the death spiral).
+- *alarm*: a warning **and** a spike in the current step: token entropy or pre-clip gradient norm
+  above ``spike_factor`` times its median over the preceding window (phase III).
+- *ok*: otherwise.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+AlarmState = Literal["ok", "warning", "alarm"]
+ALARM_LEVEL: dict[AlarmState, int] = {"ok": 0, "warning": 1, "alarm": 2}
+
+
+def slope(values: Sequence[float]) -> float | None:
+    """Least-squares slope of ``values`` against their index; None with fewer than 3 points."""
+    n = len(values)
+    if n < 3:
+        return None
+    mx = (n - 1) / 2
+    my = sum(values) / n
+    num = sum((i - mx) * (v - my) for i, v in enumerate(values))
+    den = sum((i - mx) ** 2 for i in range(n))
+    return num / den
+
+
+@dataclass
+class LLDMonitor:
+    """History of the LLD signals and the alarm state machine."""
+
+    window: int = 10
+    slope_threshold: float = 0.0
+    fell_fraction: float = 0.5
+    persist: int = 3
+    spike_factor: float = 3.0
+    correct_logp: deque[float] = field(default_factory=deque)
+    fell: deque[float] = field(default_factory=deque)
+    entropy: deque[float] = field(default_factory=deque)
+    grad_norm: deque[float] = field(default_factory=deque)
+    streak: int = 0
+    state: AlarmState = "ok"
+
+    def update(
+        self,
+        correct_logp: float | None,
+        fell_fraction: float | None,
+        entropy: float | None,
+        grad_norm: float | None,
+    ) -> dict[str, float | None]:
+        """Add one step's signals; returns the slope keys and the new alarm state for the step log."""
+        spike = False
+        for hist, v in ((self.entropy, entropy), (self.grad_norm, grad_norm)):
+            if v is not None and len(hist) >= 3 and v > self.spike_factor * statistics.median(hist):
+                spike = True
+        for hist, v in (
+            (self.correct_logp, correct_logp),
+            (self.fell, fell_fraction),
+            (self.entropy, entropy),
+            (self.grad_norm, grad_norm),
+        ):
+            if v is not None:
+                hist.append(v)
+                while len(hist) > self.window:
+                    hist.popleft()
+        s = slope(list(self.correct_logp))
+        fell_slope = slope(list(self.fell))
+        displaced = fell_fraction is not None and (
+            fell_fraction >= self.fell_fraction or (fell_slope is not None and fell_slope > 0)
+        )
+        if s is not None and s < -self.slope_threshold and displaced:
+            self.streak += 1
+        else:
+            self.streak = 0
+        if self.streak >= self.persist:
+            self.state = "alarm" if spike else "warning"
+        else:
+            self.state = "ok"
+        return {
+            "lld/correct_logp_slope": s,
+            "lld/fell_fraction_slope": fell_slope,
+            "lld/alarm": float(ALARM_LEVEL[self.state]),
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "correct_logp": list(self.correct_logp),
+            "fell": list(self.fell),
+            "entropy": list(self.entropy),
+            "grad_norm": list(self.grad_norm),
+            "streak": self.streak,
+            "state": self.state,
+        }
+
+    def load_state_dict(self, d: dict[str, Any]) -> None:
+        self.correct_logp = deque(d["correct_logp"])
+        self.fell = deque(d["fell"])
+        self.entropy = deque(d["entropy"])
+        self.grad_norm = deque(d["grad_norm"])
+        self.streak = int(d["streak"])
+        self.state = d["state"]

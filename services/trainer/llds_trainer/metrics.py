@@ -1,0 +1,75 @@
+"""Prometheus metrics of the trainer (``llds_trainer_<thing>_<unit>``, ``_total`` on counters)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+GAUGES: dict[str, tuple[str, str]] = {
+    "reward/mean": ("llds_trainer_reward_mean", "Mean reward of the step's trajectories."),
+    "reward/exact_match": ("llds_trainer_exact_match_ratio", "Mean exact match of the step's trajectories."),
+    "loss/total": ("llds_trainer_loss", "Total loss (mean over micro-batches)."),
+    "loss/policy": ("llds_trainer_policy_loss", "PPO-clip / GSPO policy loss."),
+    "loss/llds": ("llds_trainer_llds_term", "LLDS regulariser term (mean over micro-batches)."),
+    "llds/gated_fraction": ("llds_trainer_llds_gated_ratio", "Fraction of gate units of preserving responses LLDS gated."),
+    "actor/grad_norm": ("llds_trainer_grad_norm", "Mean pre-clip gradient norm of the step's updates."),
+    "actor/clip_frac": ("llds_trainer_clip_ratio", "Fraction of loss tokens where the PPO clip was active."),
+    "actor/ratio_max": ("llds_trainer_importance_ratio_max", "Largest pi_theta / pi_old ratio in the step."),
+    "actor/entropy": ("llds_trainer_entropy_nats", "Mean token entropy of pi_old on loss tokens."),
+    "actor/lr": ("llds_trainer_learning_rate", "Learning rate of the step."),
+    "mismatch/kl": ("llds_trainer_mismatch_kl_nats", "KL(sampler || trainer pi_old) per loss token (k3)."),
+    "perf/train_tokens_per_s": ("llds_trainer_train_tokens_per_second", "Tokens per second in the update passes."),
+    "rollout/valid_searches_mean": ("llds_trainer_valid_searches_mean", "Mean valid searches per trajectory."),
+    "rollout/response_len_mean": ("llds_trainer_response_length_tokens", "Mean response length."),
+    "lld/correct_logp_token": ("llds_trainer_lld_correct_logp_nats", "Mean per-token log-likelihood of correct responses."),
+    "lld/correct_logp_slope": ("llds_trainer_lld_correct_logp_slope_nats", "Slope per step of the above over the window."),
+    "lld/displacement_mean": ("llds_trainer_lld_displacement_nats", "Mean sum(logp_after - logp_old) per correct response."),
+    "lld/fell_fraction_responses": ("llds_trainer_lld_fell_responses_ratio", "Fraction of correct responses whose likelihood fell."),
+    "lld/fell_fraction_actions": ("llds_trainer_lld_fell_actions_ratio", "Fraction of correct responses' actions whose likelihood fell."),
+    "lld/first_action_logp": ("llds_trainer_lld_first_action_logp_nats", "Per-token log-likelihood of first actions (correct)."),
+    "lld/later_action_logp": ("llds_trainer_lld_later_action_logp_nats", "Per-token log-likelihood of later actions (correct)."),
+    "lld/correct_incorrect_gap": ("llds_trainer_lld_correct_incorrect_gap_nats", "Per-token log-likelihood gap, correct minus incorrect."),
+    "lld/alarm": ("llds_trainer_lld_alarm_state", "LLD alarm: 0 ok, 1 warning, 2 alarm."),
+}  # fmt: skip
+
+
+class TrainerMetrics:
+    """The trainer's registry; :meth:`observe_step` exports one step record."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.step = Gauge("llds_trainer_step", "RL steps completed.", registry=r)
+        self.version = Gauge("llds_trainer_weights_version", "Newest published policy version.", registry=r)
+        self.groups = Counter("llds_trainer_groups_consumed_total", "Groups trained on.", registry=r)
+        self.trajectories = Counter(
+            "llds_trainer_trajectories_consumed_total", "Trajectories trained on.", registry=r
+        )
+        self.dropped = Counter(
+            "llds_trainer_groups_dropped_total", "Groups dropped unused, by reason.", ["reason"], registry=r
+        )
+        self.notify_failures = Counter(
+            "llds_trainer_notify_failures_total", "Failed weight-update notices.", registry=r
+        )
+        self.step_seconds = Histogram(
+            "llds_trainer_step_seconds",
+            "Wall time of one RL step (training only).",
+            buckets=(0.5, 1, 2, 5, 10, 30, 60, 120, 300, 600, 1800),
+            registry=r,
+        )
+        self.checkpoint_seconds = Gauge(
+            "llds_trainer_checkpoint_seconds", "Last checkpoint's write time.", registry=r
+        )
+        self.publish_seconds = Gauge("llds_trainer_publish_seconds", "Last weights publish time.", registry=r)
+        self.gauges = {k: Gauge(name, doc, registry=r) for k, (name, doc) in GAUGES.items()}
+
+    def observe_step(self, rec: dict[str, Any]) -> None:
+        self.step.set(rec["step"])
+        self.groups.inc(rec["data/groups"])
+        self.trajectories.inc(rec["data/trajectories"])
+        self.step_seconds.observe(rec["perf/step_s"])
+        for k, g in self.gauges.items():
+            v = rec.get(k)
+            if v is not None:
+                g.set(float(v))

@@ -1,0 +1,149 @@
+"""Weight publishing: a Hugging Face safetensors folder per version, marker last, replicas notified.
+
+Contract (docs/CONTRACTS.md): ``{weights_root}/v{v:06d}/`` holds ``model.safetensors``,
+``config.json`` and the tokenizer files; ``COMPLETE`` (JSON ``{version, step, files: {name:
+sha256}}``) is written last. Then ``llds:trainer:version`` is set and every rollout replica
+(registered in ``llds:rollout:replicas``, plus configured URLs) gets ``POST /admin/weights``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from llds_proto.messages import WeightUpdateNotice
+
+log = logging.getLogger("llds.trainer.publish")
+
+MARKER = "COMPLETE"
+_VERSION_DIR = re.compile(r"^v(\d{6})$")
+
+
+class PublishError(RuntimeError):
+    """A weights folder could not be written."""
+
+
+def version_dir_name(version: int) -> str:
+    return f"v{version:06d}"
+
+
+def sha256_file(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def is_published(weights_root: str | Path, version: int) -> bool:
+    return (Path(weights_root) / version_dir_name(version) / MARKER).is_file()
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def publish_folder(
+    model: Any, tokenizer: Any, weights_root: str | Path, version: int, step: int, keep: int
+) -> Path:
+    """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
+
+    Args:
+        model: a transformers ``PreTrainedModel`` (``save_pretrained`` with safetensors).
+        tokenizer: its tokenizer (``save_pretrained``), so the folder loads on its own.
+        weights_root: parent folder of all versions.
+        version: the version number (>= 1).
+        step: trainer step that produced the weights (recorded in the marker).
+        keep: versions kept; older ``vNNNNNN`` folders are deleted.
+    """
+    root = Path(weights_root)
+    root.mkdir(parents=True, exist_ok=True)
+    final = root / version_dir_name(version)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
+    try:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+        files = {}
+        for f in sorted(tmp.iterdir()):
+            if f.is_file():
+                with open(f, "rb") as fh:
+                    os.fsync(fh.fileno())
+                files[f.name] = sha256_file(f)
+        if final.exists():
+            # A folder without a marker is a crashed earlier attempt at this same version.
+            shutil.rmtree(final)
+        os.replace(tmp, final)
+    except OSError as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise PublishError(f"cannot write weights version {version} under {root}: {e}") from e
+    marker_tmp = final / f".{MARKER}.tmp"
+    marker_tmp.write_text(json.dumps({"version": version, "step": step, "files": files}))
+    with open(marker_tmp, "rb") as fh:
+        os.fsync(fh.fileno())
+    os.replace(marker_tmp, final / MARKER)
+    _fsync(final)
+    _fsync(root)
+    gc_versions(root, keep)
+    return final
+
+
+def gc_versions(weights_root: Path, keep: int) -> list[Path]:
+    """Delete all but the newest ``keep`` published versions and stray temp folders; returns what went."""
+    versions = sorted(
+        (int(m.group(1)), p)
+        for p in weights_root.iterdir()
+        if (m := _VERSION_DIR.match(p.name)) and p.is_dir()
+    )
+    gone = [p for _, p in versions[:-keep]]
+    newest = versions[-1][0] if versions else 0
+    for p in weights_root.glob(".v*"):
+        m = re.match(r"^\.v(\d{6})\.", p.name)
+        if m and int(m.group(1)) < newest:
+            gone.append(p)
+    for p in gone:
+        shutil.rmtree(p, ignore_errors=True)
+    return gone
+
+
+@dataclass(frozen=True)
+class NotifyResult:
+    url: str
+    ok: bool
+    detail: str
+
+
+def notify_replicas(
+    urls: list[str], notice: WeightUpdateNotice, token: str | None, timeout_s: float
+) -> list[NotifyResult]:
+    """POST the notice to every replica's ``/admin/weights``; failures are returned, not raised."""
+    headers = {"Authorization": f"Bearer {token}"} if token else {}
+    out = []
+    with httpx.Client(timeout=timeout_s) as client:
+        for url in urls:
+            target = url.rstrip("/") + "/admin/weights"
+            try:
+                r = client.post(target, json=notice.model_dump(mode="json"), headers=headers)
+                ok = r.status_code == 200
+                out.append(NotifyResult(url, ok, f"HTTP {r.status_code}: {r.text[:200]}"))
+            except httpx.HTTPError as e:
+                out.append(NotifyResult(url, False, f"{type(e).__name__}: {e}"))
+    for res in out:
+        if res.ok:
+            log.info("notified %s of version %d", res.url, notice.version)
+        else:
+            log.warning("notify %s of version %d failed: %s", res.url, notice.version, res.detail)
+    return out

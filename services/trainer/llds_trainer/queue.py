@@ -1,0 +1,147 @@
+"""The trajectory queue: a Redis stream read through the ``trainers`` consumer group.
+
+Delivery guarantee (with :class:`llds_trainer.service.TrainerService`): an entry is acknowledged
+only after a durable checkpoint includes the optimizer step that used it (or after it was dropped on
+purpose: undecodable, stale, or already in the checkpoint's consumed set). Unacknowledged entries stay
+in the pending list of the consumer that read them; a restarted trainer with the same consumer name
+first re-reads its own pending entries (ID ``0``), and entries of consumers idle for longer than
+``claim_idle_ms`` are taken over with ``XAUTOCLAIM``. Together with the consumed-id set in every
+checkpoint: after a kill -9 at any point, no group is lost and none is trained twice.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import redis
+
+from llds_proto.codec import CodecError, decode_group
+from llds_proto.messages import TrajectoryGroup
+from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, TRAJECTORY_STREAM
+
+log = logging.getLogger("llds.trainer.queue")
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One stream entry: its id and the decoded group, or why it could not be decoded."""
+
+    entry_id: str
+    group: TrajectoryGroup | None
+    error: str | None = None
+
+
+class StreamQueue:
+    """Consumer-group reader of ``llds:trajectories`` for one named consumer."""
+
+    def __init__(
+        self,
+        client: redis.Redis,
+        consumer: str,
+        *,
+        claim_idle_ms: int = 60_000,
+        block_ms: int = 1000,
+        stream: str = TRAJECTORY_STREAM,
+        group: str = TRAINER_GROUP,
+    ):
+        self.r = client
+        self.consumer = consumer
+        self.claim_idle_ms = claim_idle_ms
+        self.block_ms = block_ms
+        self.stream = stream
+        self.group = group
+        self._pending_cursor: str | None = "0"
+        self._claim_cursor = "0-0"
+        self.held: set[str] = set()
+        """Entries handed out and not yet acknowledged."""
+
+    def ensure_group(self) -> None:
+        """Create the consumer group (and the stream) if missing, reading from the beginning."""
+        try:
+            self.r.xgroup_create(self.stream, self.group, id="0", mkstream=True)
+        except redis.ResponseError as e:
+            if "BUSYGROUP" not in str(e):
+                raise
+
+    def _decode(self, raw: list) -> list[Entry]:  # type: ignore[type-arg]
+        out = []
+        for eid, fields in raw:
+            eid = eid.decode() if isinstance(eid, bytes) else str(eid)
+            if eid in self.held:
+                continue
+            self.held.add(eid)
+            data = (fields or {}).get(GROUP_FIELD)
+            if data is None:
+                out.append(Entry(eid, None, "entry has no 'group' field (deleted or foreign)"))
+                continue
+            try:
+                out.append(Entry(eid, decode_group(data)))
+            except CodecError as e:
+                out.append(Entry(eid, None, str(e)))
+        return out
+
+    def _read_own_pending(self, n: int) -> list[Entry]:
+        """Entries delivered to this consumer name earlier (a previous run) and never acknowledged."""
+        got: list[Entry] = []
+        while self._pending_cursor is not None and len(got) < n:
+            resp = self.r.xreadgroup(self.group, self.consumer, {self.stream: self._pending_cursor}, count=n)
+            raw = resp[0][1] if resp else []
+            if not raw:
+                self._pending_cursor = None
+                break
+            last = raw[-1][0]
+            self._pending_cursor = last.decode() if isinstance(last, bytes) else str(last)
+            got.extend(self._decode(raw))
+        return got
+
+    def _claim(self, n: int) -> list[Entry]:
+        """Take over entries other consumers left pending for longer than ``claim_idle_ms``."""
+        resp = self.r.xautoclaim(
+            self.stream, self.group, self.consumer, self.claim_idle_ms, start_id=self._claim_cursor, count=n
+        )
+        nxt, raw = resp[0], resp[1]
+        deleted = resp[2] if len(resp) > 2 else []
+        self._claim_cursor = nxt.decode() if isinstance(nxt, bytes) else str(nxt)
+        for d in deleted:
+            log.warning("pending entry %s was deleted from the stream before training", d)
+        return self._decode(raw)
+
+    def fetch(self, n: int, should_stop: Callable[[], bool]) -> list[Entry]:
+        """Up to ``n`` entries: own pending first, then reclaimed, then new; blocks until ``n`` or stop."""
+        got = self._read_own_pending(n)
+        while len(got) < n and not should_stop():
+            got.extend(self._claim(n - len(got)))
+            if len(got) >= n:
+                break
+            resp = self.r.xreadgroup(
+                self.group, self.consumer, {self.stream: ">"}, count=n - len(got), block=self.block_ms
+            )
+            if resp:
+                got.extend(self._decode(resp[0][1]))
+        return got
+
+    def ack(self, entry_ids: list[str]) -> None:
+        if not entry_ids:
+            return
+        self.r.xack(self.stream, self.group, *entry_ids)
+        self.held.difference_update(entry_ids)
+
+    def release(self, entries: list[Entry]) -> None:
+        """Forget entries fetched but not used (shutdown); they stay pending for the next run."""
+        self.held.difference_update(e.entry_id for e in entries)
+
+    def lag(self) -> int:
+        """Entries in the stream not yet delivered to the group plus those pending (approximate)."""
+        try:
+            info = self.r.xinfo_groups(self.stream)
+        except redis.ResponseError:
+            return 0
+        for g in info:
+            name = g.get("name") or g.get(b"name")
+            if (name.decode() if isinstance(name, bytes) else name) == self.group:
+                lag = g.get("lag") or g.get(b"lag") or 0
+                pending = g.get("pending") or g.get(b"pending") or 0
+                return int(lag) + int(pending)
+        return 0

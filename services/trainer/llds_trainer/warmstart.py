@@ -1,0 +1,238 @@
+"""``llds warmstart``: supervised warm-start on search-protocol demonstrations.
+
+SmolLM2-135M does not follow the Search-R1 protocol out of the box (0/24 complete ``<search>``
+calls); a short fine-tune on demonstrations built from the synthetic world fixes that. Each
+demonstration is tokenized exactly as the rollout builds trajectories (``prompt_ids`` for the
+prompt, ``tokenizer.encode(turn, add_special_tokens=False)`` per assistant turn, ``observation_ids``
+for retrieved documents, :class:`TrajectoryBuilder` for the loss mask), and the loss is on assistant
+tokens only. Example::
+
+    python -m llds_trainer.warmstart --model MODEL_DIR --world WORLD_DIR --out OUT_DIR \\
+        [--epochs 1 --lr 3e-5 --batch-size 8 --full|--lora --max-examples 160]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from llds_proto.search_protocol import TrajectoryBuilder, observation_ids, prompt_ids
+
+log = logging.getLogger("llds.warmstart")
+
+LORA_TARGETS = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+
+
+class WarmstartError(RuntimeError):
+    """The world folder or the model cannot be used; the message says which file and why."""
+
+
+@dataclass(frozen=True)
+class Demonstration:
+    """One protocol demonstration at token level."""
+
+    row_id: str
+    prompt_ids: list[int]
+    response_ids: list[int]
+    loss_mask: list[int]
+    turns: list[str]
+    """Assistant turn texts, in order."""
+
+
+def read_jsonl(path: Path) -> list[dict[str, Any]]:
+    if not path.is_file():
+        raise WarmstartError(f"{path} does not exist (build the world with `llds world build --out DIR`)")
+    rows = []
+    for i, line in enumerate(path.read_text().splitlines(), start=1):
+        if line.strip():
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise WarmstartError(f"{path}:{i} is not JSON: {e}") from e
+    return rows
+
+
+def demo_turns(row: dict[str, Any]) -> list[str]:
+    """Assistant turn texts: one think+search per hop, then think+answer."""
+    turns = []
+    for k, hop in enumerate(row["support"]):
+        q = hop["query"].strip()
+        why = "I need to find out" if k == 0 else "Now I need to find out"
+        turns.append(f"<think> {why} {q}. </think>\n<search> {q} </search>")
+    gold = row["golden_answers"][0]
+    turns.append(f"<think> The documents say the answer is {gold}. </think>\n<answer> {gold} </answer>")
+    return turns
+
+
+def build_demonstration(
+    tokenizer: Any, row: dict[str, Any], corpus: dict[str, dict[str, Any]], rng: random.Random
+) -> Demonstration:
+    """Tokenize one training row as a rollout would have: gold passage among 3 retrieved documents."""
+    support = row.get("support")
+    if not support:
+        raise WarmstartError(f"row {row.get('id')!r} has no 'support' hops")
+    ids_pool = list(corpus)
+    b = TrajectoryBuilder()
+    turns = demo_turns(row)
+    for hop, turn in zip(support, turns, strict=False):
+        gold_id = hop["doc_id"]
+        if gold_id not in corpus:
+            raise WarmstartError(f"row {row.get('id')!r}: doc_id {gold_id!r} is not in corpus.jsonl")
+        ids = tokenizer.encode(turn, add_special_tokens=False)
+        b.add_generated(ids, [0.0] * len(ids), 0)
+        others = [d for d in rng.sample(ids_pool, min(len(ids_pool), 3)) if d != gold_id][:2]
+        docs = [corpus[d] for d in others]
+        docs.insert(rng.randrange(len(docs) + 1), corpus[gold_id])
+        b.add_observation(observation_ids(tokenizer, docs))
+    final = tokenizer.encode(turns[-1], add_special_tokens=False)
+    b.add_generated(final, [0.0] * len(final), 0)
+    return Demonstration(
+        row_id=str(row.get("id")),
+        prompt_ids=prompt_ids(tokenizer, row["question"]),
+        response_ids=b.response_ids,
+        loss_mask=b.loss_mask,
+        turns=turns,
+    )
+
+
+def build_demonstrations(
+    tokenizer: Any, world: Path, max_examples: int | None = None, seed: int = 0
+) -> list[Demonstration]:
+    corpus = {str(d["id"]): d for d in read_jsonl(world / "corpus.jsonl")}
+    rows = read_jsonl(world / "train.jsonl")
+    if max_examples:
+        rows = rows[:max_examples]
+    rng = random.Random(seed)
+    return [build_demonstration(tokenizer, r, corpus, rng) for r in rows]
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="llds warmstart", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="base model folder")
+    p.add_argument("--world", required=True, help="synthetic world folder (train.jsonl, corpus.jsonl)")
+    p.add_argument("--out", required=True, help="output folder (written atomically)")
+    p.add_argument("--epochs", type=int, default=1)
+    p.add_argument("--lr", type=float, default=None, help="default 3e-5 full, 2e-4 LoRA")
+    p.add_argument("--batch-size", type=int, default=8)
+    mode = p.add_mutually_exclusive_group()
+    mode.add_argument("--full", dest="lora", action="store_false", help="full fine-tune (default)")
+    mode.add_argument(
+        "--lora", dest="lora", action="store_true", help="LoRA, merged into the weights at save"
+    )
+    p.set_defaults(lora=False)
+    p.add_argument("--lora-rank", type=int, default=16)
+    p.add_argument("--lora-alpha", type=int, default=32)
+    p.add_argument("--save-adapter", help="also write the LoRA adapter (before merging) to this folder")
+    p.add_argument("--max-examples", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    return p
+
+
+def main(argv: list[str]) -> int:
+    args = _parser().parse_args(argv)
+    world, out = Path(args.world), Path(args.out)
+    if args.epochs < 1 or args.batch_size < 1:
+        print("llds warmstart: --epochs and --batch-size must be >= 1", file=sys.stderr)
+        return 2
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    import torch
+    from tqdm import tqdm
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from llds_trainer.batch import Sample, collate
+    from llds_trainer.loss import aggregate
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    torch.manual_seed(args.seed)
+    tok = AutoTokenizer.from_pretrained(args.model)
+    try:
+        demos = build_demonstrations(tok, world, args.max_examples, args.seed)
+    except WarmstartError as e:
+        print(f"llds warmstart: {e}", file=sys.stderr)
+        return 2
+    model = AutoModelForCausalLM.from_pretrained(args.model, dtype=torch.float32)
+    model.config.use_cache = False
+    lr = args.lr if args.lr is not None else (2e-4 if args.lora else 3e-5)
+    if args.lora:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(
+            model,
+            LoraConfig(
+                r=args.lora_rank,
+                lora_alpha=args.lora_alpha,
+                target_modules=list(LORA_TARGETS),
+                lora_dropout=0.0,
+            ),
+        )
+    params = [p for p in model.parameters() if p.requires_grad]
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
+    samples = [
+        Sample(d.row_id, d.row_id, tuple(d.prompt_ids), tuple(d.response_ids), tuple(d.loss_mask),
+               tuple([0.0] * len(d.response_ids)), tuple([0] * len(d.response_ids)), None, 0.0, 0.0, 0, 0, 0.0)
+        for d in demos
+    ]  # fmt: skip
+    pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
+    rng = random.Random(args.seed)
+    t0 = time.perf_counter()
+    n_tokens = 0
+    losses: list[float] = []
+    model.train()
+    steps = args.epochs * ((len(samples) + args.batch_size - 1) // args.batch_size)
+    bar = tqdm(total=steps, desc="warmstart", unit="batch")
+    for _ in range(args.epochs):
+        order = list(range(len(samples)))
+        rng.shuffle(order)
+        for i in range(0, len(order), args.batch_size):
+            idx = order[i : i + args.batch_size]
+            mb = collate([samples[j] for j in idx], idx, int(pad))
+            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
+            loss = -aggregate(logp, mb.loss_mask, "token_mean")
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            n_tokens += int(mb.attention_mask.sum())
+            losses.append(float(loss.detach()))
+            bar.update(1)
+            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+    bar.close()
+    elapsed = time.perf_counter() - t0
+    if args.lora:
+        if args.save_adapter:
+            model.save_pretrained(args.save_adapter)
+        model = model.merge_and_unload()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    model.save_pretrained(tmp, safe_serialization=True)
+    tok.save_pretrained(tmp)
+    (tmp / "warmstart.json").write_text(
+        json.dumps({"examples": len(demos), "epochs": args.epochs, "lr": lr, "lora": args.lora,
+                    "loss_first": losses[0], "loss_last": losses[-1], "seconds": elapsed})
+    )  # fmt: skip
+    if out.exists():
+        shutil.rmtree(out)
+    os.replace(tmp, out)
+    print(
+        f"warmstart: {len(demos)} demonstrations x {args.epochs} epoch(s), {'LoRA' if args.lora else 'full'} lr {lr:g}\n"
+        f"  loss {losses[0]:.3f} -> {losses[-1]:.3f}, {n_tokens} tokens in {elapsed:.0f} s "
+        f"({n_tokens / max(elapsed, 1e-9):.0f} tokens/s)\n  wrote {out}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))

@@ -1,0 +1,257 @@
+"""The trainer service end to end: real Redis, the trainer as a subprocess, a fake rollout replica.
+
+Groups come from :func:`llds_trainer.synthetic.synthetic_groups` (TrajectoryBuilder layout, encoded
+with llds_proto.codec) and are XADDed to the stream exactly as the rollout does.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from typing import Any, ClassVar
+
+import httpx
+import pytest
+import redis
+
+from llds.redis_server import free_port
+from llds_proto import streams
+from llds_proto.codec import encode_group
+from llds_trainer.publish import MARKER, sha256_file
+from llds_trainer.synthetic import synthetic_groups
+
+pytestmark = pytest.mark.integration
+TOKEN = "s3cret-token"
+
+
+class _Rollout(BaseHTTPRequestHandler):
+    notices: ClassVar[list[dict[str, Any]]] = []
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers["Content-Length"]))
+        type(self).notices.append(
+            {"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)}
+        )
+        out = json.dumps({"version": json.loads(body)["version"], "load_s": 0.01}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(out)))
+        self.end_headers()
+        self.wfile.write(out)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+@pytest.fixture()
+def fake_rollout() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP server that records every weight-update notice it receives."""
+    handler = type("Handler", (_Rollout,), {"notices": []})
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    t = threading.Thread(target=srv.serve_forever, daemon=True)
+    t.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}", handler.notices
+    finally:
+        srv.shutdown()
+        srv.server_close()
+
+
+def push(r: redis.Redis, groups: list[Any]) -> list[str]:
+    return [
+        r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: encode_group(g)}).decode() for g in groups
+    ]
+
+
+def start_trainer(
+    model: Path,
+    redis_url: str,
+    tmp: Path,
+    steps: int,
+    port: int,
+    extra: list[str] = (),
+    env: dict[str, str] | None = None,
+) -> subprocess.Popen[bytes]:
+    args = [
+        sys.executable, "-m", "llds_trainer",
+        "--model", str(model), "--redis-url", redis_url,
+        "--run-dir", str(tmp / "run"), "--weights-root", str(tmp / "weights"),
+        "--steps", str(steps), "--port", str(port),
+        "--set", "groups_per_step=2", "--set", "micro_batch_size=3", "--set", "lr=1e-3",
+        "--set", "read_block_ms=200", "--set", "num_threads=1",
+        *extra,
+    ]  # fmt: skip
+    e = {**os.environ, "LLDS_ADMIN_TOKEN": TOKEN, **(env or {})}
+    log = open(tmp / "trainer.log", "ab")
+    return subprocess.Popen(args, env=e, stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_for(cond: Any, timeout: float, proc: subprocess.Popen[bytes] | None = None, what: str = "") -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            v = cond()
+            if v:
+                return v
+        except (httpx.HTTPError, OSError, KeyError, json.JSONDecodeError):
+            pass
+        if proc is not None and proc.poll() is not None:
+            return cond()
+        time.sleep(0.2)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def small_groups(tokenizer: Any) -> list[Any]:
+    return synthetic_groups(tokenizer, 8, 3, seed=7, think_words=3, doc_words=8)
+
+
+def test_trains_publishes_notifies_and_serves(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, fake_rollout: Any, small_groups: list[Any]
+) -> None:
+    url, notices = fake_rollout
+    r = redis.Redis.from_url(redis_url)
+    r.hset(streams.ROLLOUT_REGISTRY, "replica-0", url)
+    push(r, small_groups[:2])
+    port = free_port()
+    base = f"http://127.0.0.1:{port}"
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=2, port=port)
+    try:
+        st = wait_for(lambda: httpx.get(f"{base}/status").json()["step"] >= 1, 180, proc, "step 1")
+        assert st, (tmp_path / "trainer.log").read_text()[-3000:]
+        # Step 1 done, trainer waiting for more groups: the HTTP surface is live.
+        status = httpx.get(f"{base}/status").json()
+        assert status["weights_version"] == 1 and status["groups_consumed"] == 2
+        health = httpx.get(f"{base}/health")
+        assert health.status_code == 200 and health.json()["status"] == "ok"
+        hist = httpx.get(f"{base}/history", params={"since": 0}).json()
+        assert [h["step"] for h in hist] == [1]
+        assert {"reward/mean", "loss/llds", "lld/correct_logp_token", "weights/version"} <= set(hist[0])
+        assert httpx.get(f"{base}/history", params={"since": 1}).json() == []
+        metrics = httpx.get(f"{base}/metrics").text
+        for line in (
+            "llds_trainer_step 1.0",
+            "llds_trainer_weights_version 1.0",
+            "llds_trainer_groups_consumed_total 2.0",
+            "llds_trainer_lld_alarm_state 0.0",
+        ):
+            assert line in metrics
+        for name in ("llds_trainer_reward_mean", "llds_trainer_loss", "llds_trainer_llds_term"):
+            assert f"\n{name} " in metrics
+        assert r.get(streams.TRAINER_VERSION_KEY) == b"1"
+        # Acked once the checkpoint covered the step.
+        assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+        push(r, small_groups[2:4])
+        assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    run = tmp_path / "run"
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in records] == [1, 2]
+    # Two mini-batch updates per step: the second one sees pi_theta != pi_old, so LLDS is non-zero.
+    assert all(x["actor/updates"] == 2 for x in records)
+    assert any(x["loss/llds"] > 0 for x in records)
+    assert (run / "trainer_config.toml").is_file()
+    assert "groups_per_step = 2" in (run / "trainer_config.toml").read_text()
+    assert r.get(streams.TRAINER_VERSION_KEY) == b"2"
+    # Weights folders: marker last with the sha256 of every file; loadable by transformers as is.
+    for v in (1, 2):
+        folder = tmp_path / "weights" / f"v{v:06d}"
+        marker = json.loads((folder / MARKER).read_text())
+        assert marker["version"] == v and marker["step"] == v
+        assert {"model.safetensors", "config.json", "tokenizer.json"} <= set(marker["files"])
+        for name, digest in marker["files"].items():
+            assert sha256_file(folder / name) == digest
+    from transformers import AutoModelForCausalLM
+
+    AutoModelForCausalLM.from_pretrained(str(tmp_path / "weights" / "v000002"))
+    assert [n["path"] for n in notices] == ["/admin/weights", "/admin/weights"]
+    assert [n["body"]["version"] for n in notices] == [1, 2]
+    assert [n["body"]["path"] for n in notices] == ["v000001", "v000002"]
+    assert all(n["auth"] == f"Bearer {TOKEN}" for n in notices)
+    assert r.smembers(streams.CONSUMED_KEY) == {g.group_id.encode() for g in small_groups[:4]}
+
+
+def test_bad_config_fails_before_loading_a_model(tmp_path: Path) -> None:
+    out = subprocess.run(
+        [sys.executable, "-m", "llds_trainer", "--model", "x", "--set", "llds_gate=sideways"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert out.returncode == 2
+    assert "llds_gate" in out.stderr
+
+
+@pytest.mark.slow
+def test_kill9_at_every_point_loses_nothing_and_trains_nothing_twice(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, small_groups: list[Any]
+) -> None:
+    """Crash the trainer with SIGKILL at each point of the step cycle, restart, and audit."""
+    from llds_trainer.queue import StreamQueue
+
+    r = redis.Redis.from_url(redis_url)
+    push(r, small_groups)  # 8 groups = 4 steps of 2
+    # A consumer that reads two groups and dies without acknowledging: they must be reclaimed.
+    dead = StreamQueue(r, "trainer-dead")
+    dead.ensure_group()
+    taken = dead.fetch(2, lambda: False)
+    assert len(taken) == 2
+    extra = ["--set", "claim_idle_ms=300", "--set", "staleness_k=100"]
+    for fp in (
+        "after_fetch:1",
+        "after_train:1",
+        "after_checkpoint:1",
+        "after_log:2",
+        "after_ack:2",
+        "after_publish:3",
+    ):
+        proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=4, port=free_port(), extra=extra,
+                             env={"LLDS_TRAINER_FAILPOINT": fp})  # fmt: skip
+        rc = proc.wait(180)
+        assert rc == -9, f"{fp}: exit {rc}\n" + (tmp_path / "trainer.log").read_text()[-3000:]
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=4, port=free_port(), extra=extra)
+    assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+
+    run = tmp_path / "run"
+    cps = sorted((run / "checkpoints").iterdir())
+    state = json.loads((cps[-1] / "state.json").read_text())
+    consumed = state["consumed"]
+    assert len(consumed) == len(set(consumed)) == 8, consumed  # nothing trained twice
+    assert set(consumed) == {g.group_id for g in small_groups}  # nothing lost
+    assert state["step"] == 4 and state["version"] == 4
+    assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in records] == [1, 2, 3, 4]
+    assert r.get(streams.TRAINER_VERSION_KEY) == b"4"
+    for v in (2, 3, 4):
+        assert (tmp_path / "weights" / f"v{v:06d}" / MARKER).is_file()
+    assert not (tmp_path / "weights" / "v000001").exists()  # keep_versions = 3
+
+
+def test_invalid_and_duplicate_groups_are_dropped_and_acked(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.set(streams.TRAINER_VERSION_KEY, "0")
+    fresh = synthetic_groups(tokenizer, 2, 2, seed=1, think_words=2, doc_words=4)
+    dup = synthetic_groups(tokenizer, 1, 2, seed=1, think_words=2, doc_words=4)  # same group id as fresh[0]
+    r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: b"not msgpack"})
+    push(r, fresh[:1] + dup + fresh[1:])
+    port = free_port()
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=1, port=port)
+    assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    log = (tmp_path / "trainer.log").read_text()
+    assert "invalid" in log and "duplicate" in log
+    assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+    state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
+    assert state["consumed"] == [g.group_id for g in fresh]

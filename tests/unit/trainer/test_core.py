@@ -1,0 +1,98 @@
+"""The learner on the tiny model: pinned loss values, resume equality, LLDS zero on the first update."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+from llds_trainer.config import TrainerConfig
+from llds_trainer.core import Trainer
+from llds_trainer.synthetic import synthetic_groups
+
+
+@pytest.fixture(scope="module")
+def groups(tokenizer: Any) -> list[Any]:
+    return synthetic_groups(tokenizer, 4, 3, seed=11, think_words=3, doc_words=6)
+
+
+def _cfg(model: Path, **kw: Any) -> TrainerConfig:
+    base = dict(model=str(model), lr=1e-3, micro_batch_size=2, minibatches_per_step=2, num_threads=1,
+                answer_weight_mode="adaptive_code", seed=5)  # fmt: skip
+    base.update(kw)
+    return TrainerConfig(**base)
+
+
+def test_pinned_losses_of_a_deterministic_step(tiny_model_dir: Path, groups: list[Any]) -> None:
+    tr = Trainer(_cfg(tiny_model_dir))
+    r1 = tr.train_step(groups[:2])
+    r2 = tr.train_step(groups[2:])
+    got = [r1["loss/total"], r1["loss/llds"], r2["loss/total"], r2["loss/llds"], r2["lld/correct_logp_token"]]
+    assert got == pytest.approx(PINNED, rel=1e-4, abs=1e-7)
+    assert r1["actor/updates"] == 2
+
+
+PINNED = [0.18449781090021133, 0.0, 0.11832885444164276, 0.011603218503296375, -10.608126583614865]
+
+
+def test_llds_is_zero_with_a_single_update_per_step(tiny_model_dir: Path, groups: list[Any]) -> None:
+    tr = Trainer(_cfg(tiny_model_dir, minibatches_per_step=1))
+    rec = tr.train_step(groups[:2])
+    # pi_theta == pi_old on the only update of a step: nothing is displaced yet.
+    assert rec["loss/llds"] == 0.0
+    assert rec["llds/gated_fraction"] == 0.0
+
+
+def test_resume_gives_the_same_next_step(tiny_model_dir: Path, groups: list[Any], tmp_path: Path) -> None:
+    a = Trainer(_cfg(tiny_model_dir))
+    a.train_step(groups[:2])
+    a.state.add_consumed([g.group_id for g in groups[:2]])
+    path = a.save_checkpoint(tmp_path / "run")
+    want = a.train_step(groups[2:])
+    b = Trainer(_cfg(tiny_model_dir))
+    b.load_checkpoint(path)
+    assert b.state.step == 1 and b.state.consumed == [g.group_id for g in groups[:2]]
+    got = b.train_step(groups[2:])
+    for k in ("loss/total", "loss/policy", "loss/llds", "actor/grad_norm", "lld/displacement_mean"):
+        assert got[k] == pytest.approx(want[k], rel=1e-6, abs=1e-9), k
+    for (n, p), q in zip(a.model.named_parameters(), b.model.parameters(), strict=True):
+        assert torch.equal(p, q), n
+
+
+def test_checkpoints_keep_the_newest_n(tiny_model_dir: Path, groups: list[Any], tmp_path: Path) -> None:
+    from llds_trainer.checkpoint import list_checkpoints
+
+    tr = Trainer(_cfg(tiny_model_dir, keep_checkpoints=2, lld_probe=False))
+    for s in range(3):
+        tr.state.step = s + 1
+        tr.save_checkpoint(tmp_path)
+    assert [s for s, _ in list_checkpoints(tmp_path)] == [2, 3]
+    assert not list((tmp_path / "checkpoints").glob(".step_*"))
+
+
+def test_stale_tokens_get_truncated_is_weights(tiny_model_dir: Path, tokenizer: Any) -> None:
+    old = synthetic_groups(tokenizer, 2, 2, seed=2, version=1, think_words=2, doc_words=4)
+    tr = Trainer(_cfg(tiny_model_dir, is_correction="stale", is_cap=2.0, lld_probe=False))
+    tr.state.version = 2
+    rec = tr.train_step(old)
+    # Random sampler log-probs (about -1.5) vs a random policy's (about -10.8): weights far below the cap.
+    assert rec["data/stale_tokens"] == rec["data/loss_tokens"]
+    assert 0 < rec["is/weight_mean"] < 1 and rec["is/truncated_frac"] == 0.0
+    assert rec["mismatch/kl"] > 1.0
+    fresh = Trainer(_cfg(tiny_model_dir, is_correction="stale", lld_probe=False)).train_step(old)
+    assert fresh["is/weight_mean"] is None  # version 1 is not older than a trainer at version 0
+
+
+def test_kl_entropy_gspo_and_seq_mean_variants_run(tiny_model_dir: Path, groups: list[Any]) -> None:
+    tr = Trainer(_cfg(tiny_model_dir, kl_coef=0.001, entropy_coef=0.001, policy_loss="gspo", lld_probe=False,
+                      llds_gate="response", llds_normalize="paper", answer_weight_mode="adaptive_paper"))  # fmt: skip
+    assert tr.ref_model is not None
+    r = tr.train_step(groups[:2])
+    r = tr.train_step(groups[2:])
+    assert r["loss/kl"] is not None and r["loss/kl"] >= 0
+    t2 = Trainer(_cfg(tiny_model_dir, loss_agg="seq_mean_token_mean", warmup_steps=4, lld_probe=False))
+    r2 = t2.train_step(groups[:2])
+    assert r2["actor/lr"] == pytest.approx(1e-3 / 4)
+    assert all(isinstance(v, (int, float)) or v is None for v in r2.values())
