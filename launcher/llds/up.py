@@ -30,6 +30,8 @@ from pydantic_settings import SettingsConfigDict
 
 log = logging.getLogger("llds.up")
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
+WARMSTART_EXAMPLES = 160
+"""Demonstrations in the default warm-start: ~6 min on 2 cores, enough for well-formed search calls."""
 
 
 class UpConfig(ServiceSettings):
