@@ -713,7 +713,7 @@ def create_app(cfg: DashboardConfig, transport: Any = None, poll: bool = True) -
     async def prom() -> Response:
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 
-    @app.get("/api/state")
+    @app.get("/api/state", response_model=None)
     async def api_state(
         since: int = Query(0, ge=0, description="last sample seq the client holds"),
         history_since: int = Query(0, ge=0, description="number of step records the client holds"),

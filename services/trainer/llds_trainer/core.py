@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import logging
 import math
+import shutil
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -505,12 +506,21 @@ class Trainer:
         from safetensors.torch import save_file, save_model
 
         tmp = ckpt.begin(run_dir, self.state.step)
-        save_model(self.model, str(tmp / ckpt.MODEL_FILE))
-        torch.save(self.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_FILE)
-        rng = {"torch": torch.get_rng_state()}
-        if torch.cuda.is_available():
-            rng["cuda"] = torch.cuda.get_rng_state()
-        save_file(rng, str(tmp / ckpt.RNG_FILE))
+        try:
+            save_model(self.model, str(tmp / ckpt.MODEL_FILE))
+            torch.save(self.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_FILE)
+            rng = {"torch": torch.get_rng_state()}
+            if torch.cuda.is_available():
+                rng["cuda"] = torch.cuda.get_rng_state()
+            save_file(rng, str(tmp / ckpt.RNG_FILE))
+        except (OSError, RuntimeError) as e:
+            # torch reports a failed write (ENOSPC, EFBIG) as an opaque iostream error: name the cause.
+            shutil.rmtree(tmp, ignore_errors=True)
+            free = shutil.disk_usage(tmp.parent).free
+            raise ckpt.CheckpointError(
+                f"writing checkpoint step {self.state.step} into {tmp.parent} failed ({free} bytes free; "
+                f"disk full or file size limit?): {e}; the previous checkpoint is untouched"
+            ) from e
         state = {
             "step": self.state.step,
             "version": self.state.version,

@@ -63,6 +63,8 @@ class TrainerService:
     def setup(self) -> None:
         """Load the model, join the process group, connect Redis, resume."""
         import redis
+        from redis.backoff import ExponentialBackoff
+        from redis.retry import Retry
         from transformers import AutoTokenizer
 
         from llds_trainer import checkpoint as ckpt
@@ -75,7 +77,12 @@ class TrainerService:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model)
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
-            self.redis = redis.Redis.from_url(self.cfg.redis_url)
+            # Ride out a Redis restart (~1 min of retries) instead of failing mid-step: every command
+            # the trainer sends is safe to repeat (XACK, SADD, SET; a lost XREADGROUP reply leaves the
+            # entries pending, and XAUTOCLAIM hands them back).
+            self.redis = redis.Redis.from_url(
+                self.cfg.redis_url, retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=30)
+            )
             self.queue = StreamQueue(
                 self.redis,
                 self.cfg.consumer_name,
