@@ -1,0 +1,310 @@
+"""``llds bench rollout``: the asynchronous loop against Search-R1's synchronous turn-batched loop,
+engine utilisation, and live weight swap against an engine restart. Writes a markdown report.
+
+    python -m llds_rollout bench --model DIR [--engine transformers|vllm] [--trajectories 32]
+        [--latency-ms 50] [--out docs/rollout_bench.md]
+
+Workload: each trajectory follows a seeded plan (0..max_turns searches, a token budget per turn),
+because neither a random test model nor the un-warm-started policy emits search calls; the engine,
+the token flow (context as ids, observations appended as ids) and the retriever (a real HTTP server
+with injected latency) are the real ones. Both loops run the same plans on the same engine.
+- async: every trajectory advances on its own (generate, retrieve, generate), all in flight.
+- sync: per turn, generate for every live trajectory and wait for the slowest, then one batched
+  retrieval for all of them (Search-R1's scheme), then the next turn.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import random
+import shutil
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+QUESTION = "who wrote the play hamlet"
+DOCS = [
+    {
+        "id": str(i),
+        "contents": f'"Doc {i}"\n' + "Hamlet is a tragedy by William Shakespeare, set in Denmark. " * 6,
+    }
+    for i in range(3)
+]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """What one trajectory does: generate ``tokens[i]`` in turn i; turns before the last search."""
+
+    tokens: list[int]
+
+
+def make_plans(n: int, max_turns: int, lo: int, hi: int, seed: int) -> list[Plan]:
+    rng = random.Random(seed)
+    return [Plan([rng.randint(lo, hi) for _ in range(rng.randint(0, max_turns) + 1)]) for _ in range(n)]
+
+
+def retriever_app(latency_s: float) -> Any:
+    """A /retrieve that sleeps ``latency_s`` per request, then returns fixed documents."""
+    from fastapi import FastAPI
+
+    app = FastAPI()
+
+    @app.post("/retrieve")
+    async def retrieve(body: dict[str, Any]) -> dict[str, Any]:
+        await asyncio.sleep(latency_s)
+        return {
+            "result": [
+                [{"document": d, "score": 1.0} for d in DOCS[: body.get("topk", 3)]] for _ in body["queries"]
+            ]
+        }
+
+    return app
+
+
+class Workload:
+    def __init__(self, engine: Any, tokenizer: Any, retriever_url: str, obs_tokens: int) -> None:
+        from llds_proto.search_protocol import observation_ids, prompt_ids
+
+        self.engine = engine
+        self.url = retriever_url
+        self.prompt = prompt_ids(tokenizer, QUESTION)
+        self.obs = observation_ids(tokenizer, DOCS, obs_tokens)
+        self.failed = 0
+        self.requests: list[tuple[int, int]] = []
+        """(context length, max tokens) of every generation, to replay for plain throughput."""
+
+    async def _gen(self, ctx: list[int], n: int) -> list[int]:
+        from llds_rollout.engine.base import GenerationRequest
+
+        self.requests.append((len(ctx), n))
+        try:
+            res = await self.engine.generate(GenerationRequest(ctx, max_tokens=n, temperature=1.0))
+        except Exception:
+            self.failed += 1
+            raise
+        return res.token_ids
+
+    async def run_async(self, plans: list[Plan]) -> tuple[float, int]:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=30) as client:
+
+            async def one(p: Plan) -> int:
+                ctx, gen = list(self.prompt), 0
+                for i, n in enumerate(p.tokens):
+                    out = await self._gen(ctx, n)
+                    ctx += out
+                    gen += len(out)
+                    if i < len(p.tokens) - 1:
+                        r = await client.post(f"{self.url}/retrieve", json={"queries": ["hamlet"], "topk": 3})
+                        r.raise_for_status()
+                        ctx += self.obs
+                return gen
+
+            t0 = time.perf_counter()
+            gens = await asyncio.gather(*[one(p) for p in plans])
+            return time.perf_counter() - t0, sum(gens)
+
+    async def run_sync(self, plans: list[Plan]) -> tuple[float, int]:
+        import httpx
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            ctxs = [list(self.prompt) for _ in plans]
+            total = 0
+            t0 = time.perf_counter()
+            for turn in range(max(len(p.tokens) for p in plans)):
+                live = [i for i, p in enumerate(plans) if turn < len(p.tokens)]
+                outs = await asyncio.gather(*[self._gen(ctxs[i], plans[i].tokens[turn]) for i in live])
+                for i, out in zip(live, outs, strict=True):
+                    ctxs[i] += out
+                    total += len(out)
+                searching = [i for i in live if turn < len(plans[i].tokens) - 1]
+                if searching:
+                    body = {"queries": ["hamlet"] * len(searching), "topk": 3}
+                    (await client.post(f"{self.url}/retrieve", json=body)).raise_for_status()
+                    for i in searching:
+                        ctxs[i] += self.obs
+            return time.perf_counter() - t0, total
+
+    async def run_plain(self, requests: list[tuple[int, int]]) -> tuple[float, int]:
+        from llds_rollout.engine.base import GenerationRequest
+
+        filler = (self.prompt + self.obs) * 64
+        reqs = [GenerationRequest(filler[:c], max_tokens=n, temperature=1.0) for c, n in requests]
+        t0 = time.perf_counter()
+        outs = await asyncio.gather(*[self.engine.generate(r) for r in reqs])
+        return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs)
+
+
+def _publish_copy(model_dir: Path, root: Path, version: int) -> Path:
+    """A published folder (trainer layout + COMPLETE marker) holding perturbed weights of the model."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    from llds_rollout.weights import write_marker
+
+    folder = root / f"v{version:06d}"
+    folder.mkdir(parents=True)
+    for f in model_dir.iterdir():
+        if f.is_file() and not f.name.endswith(".safetensors") and not f.name.startswith("."):
+            shutil.copy(f, folder / f.name)
+    for st in model_dir.glob("*.safetensors"):
+        tensors = {k: v + 1e-3 * torch.randn_like(v) for k, v in load_file(str(st)).items()}
+        save_file(tensors, str(folder / st.name))
+    write_marker(folder, version)
+    return folder
+
+
+def _build_engine(args: argparse.Namespace, model: str) -> Any:
+    from llds_rollout.config import EngineSettings
+    from llds_rollout.engine import build_engine
+
+    settings = EngineSettings(
+        type=args.engine, max_batch_size=args.batch, vllm_max_model_len=2048, torch_threads=args.threads
+    )
+    return build_engine(model, settings)
+
+
+async def _swap_during_rollout(
+    work: Workload, engine: Any, folder: Path, plans: list[Plan]
+) -> dict[str, float]:
+    from llds_rollout.weights import load_tensors, verify_published
+
+    async def swap() -> dict[str, float]:
+        await asyncio.sleep(0.5)
+        t0 = time.perf_counter()
+        pub = await asyncio.to_thread(verify_published, folder.parent, folder.name, 1)
+        t1 = time.perf_counter()
+        tensors = await asyncio.to_thread(load_tensors, pub)
+        t2 = time.perf_counter()
+        await engine.update_weights(tensors, pub.folder, 1)
+        t3 = time.perf_counter()
+        return {"swap_s": t3 - t0, "verify_s": t1 - t0, "read_s": t2 - t1, "drain_swap_s": t3 - t2}
+
+    (_, _), times = await asyncio.gather(work.run_async(plans), swap())
+    return times
+
+
+def main(argv: list[str]) -> int:
+    p = argparse.ArgumentParser(prog="llds bench rollout", description=__doc__.split("\n\n")[0])
+    p.add_argument("--model", required=True, help="model folder (the default policy: SmolLM2-135M)")
+    p.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
+    p.add_argument("--trajectories", type=int, default=32)
+    p.add_argument("--max-turns", type=int, default=3, help="most searches per trajectory")
+    p.add_argument("--tokens", default="16,64", help="token budget per turn: LO,HI (uniform)")
+    p.add_argument("--obs-tokens", type=int, default=120, help="observation tokens per search")
+    p.add_argument("--latency-ms", type=float, default=50.0, help="injected retriever latency")
+    p.add_argument("--batch", type=int, default=32, help="engine max batch size")
+    p.add_argument("--threads", type=int, default=0, help="torch threads, transformers backend (0 = default)")
+    p.add_argument("--repeats", type=int, default=1, help="runs of each loop (best is kept)")
+    p.add_argument("--no-swap", action="store_true", help="skip the weight-swap measurement")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--out", default="docs/rollout_bench.md", help="markdown report")
+    args = p.parse_args(argv)
+    lo, hi = (int(x) for x in args.tokens.split(","))
+    model_dir = Path(args.model)
+    if not (model_dir / "config.json").is_file():
+        print(f"error: {model_dir} is not a model folder", file=sys.stderr)
+        return 2
+
+    from transformers import AutoTokenizer
+
+    from llds_rollout.serving import BackgroundServer
+
+    tok = AutoTokenizer.from_pretrained(str(model_dir))
+    plans = make_plans(args.trajectories, args.max_turns, lo, hi, args.seed)
+    print(f"[bench] engine={args.engine} model={model_dir.name} trajectories={len(plans)}", flush=True)
+    t0 = time.perf_counter()
+    engine = _build_engine(args, str(model_dir))
+    engine.start()
+    start_s = time.perf_counter() - t0
+    rows: dict[str, Any] = {"engine_start_s": start_s}
+    with BackgroundServer(retriever_app(args.latency_ms / 1000)) as srv:
+        work = Workload(engine, tok, srv.url, args.obs_tokens)
+        asyncio.run(work.run_plain([(len(work.prompt), 8)] * 4))  # warm-up (vLLM compiles here)
+        best: dict[str, tuple[float, int]] = {}
+        for rep in range(args.repeats):
+            for mode in ("sync", "async"):
+                work.requests = []
+                wall, toks = asyncio.run(work.run_async(plans) if mode == "async" else work.run_sync(plans))
+                print(
+                    f"[bench] {mode} run {rep + 1}: {wall:.1f} s, {len(plans) / wall:.2f} traj/s", flush=True
+                )
+                if mode not in best or wall < best[mode][0]:
+                    best[mode] = (wall, toks)
+                if mode == "async":
+                    replay = list(work.requests)
+        plain_wall, plain_toks = asyncio.run(work.run_plain(replay))
+        print(f"[bench] plain generation: {plain_toks / plain_wall:.1f} tok/s", flush=True)
+        rows.update(
+            sync_tps=len(plans) / best["sync"][0],
+            async_tps=len(plans) / best["async"][0],
+            async_tok_s=best["async"][1] / best["async"][0],
+            sync_tok_s=best["sync"][1] / best["sync"][0],
+            plain_tok_s=plain_toks / plain_wall,
+        )
+        if not args.no_swap:
+            with tempfile.TemporaryDirectory() as tmp:
+                folder = _publish_copy(model_dir, Path(tmp), 1)
+                work.failed = 0
+                times = asyncio.run(_swap_during_rollout(work, engine, folder, plans))
+                rows.update(times, failed_during_swap=work.failed, version_after=engine.version)
+                print(f"[bench] swap {times}, failed requests {work.failed}", flush=True)
+                engine.shutdown()
+                t0 = time.perf_counter()
+                engine = _build_engine(args, str(folder))
+                engine.start()
+                asyncio.run(
+                    work.__class__(engine, tok, srv.url, args.obs_tokens).run_plain([(len(work.prompt), 1)])
+                )
+                rows["restart_s"] = time.perf_counter() - t0
+                print(f"[bench] restart {rows['restart_s']:.2f} s", flush=True)
+        engine.shutdown()
+    report = _report(args, rows, plans)
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(report)
+    print(report)
+    return 0
+
+
+def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> str:
+    turns = sum(len(p.tokens) for p in plans) / len(plans)
+    cmd = "python -m llds_rollout bench " + " ".join(
+        [f"--model {args.model}", f"--engine {args.engine}", f"--trajectories {args.trajectories}",
+         f"--max-turns {args.max_turns}", f"--tokens {args.tokens}", f"--obs-tokens {args.obs_tokens}",
+         f"--latency-ms {args.latency_ms:g}", f"--batch {args.batch}", f"--threads {args.threads}",
+         f"--repeats {args.repeats}"]
+    )  # fmt: skip
+    lines = [
+        f"## Rollout benchmark ({args.engine} backend)",
+        "",
+        f"Command: `{cmd}`",
+        "",
+        f"Workload: {len(plans)} trajectories, {turns:.2f} turns each on average, {args.tokens.replace(',', '-')} "
+        f"tokens per turn, {args.obs_tokens}-token observations, retriever latency {args.latency_ms:g} ms.",
+        "",
+        "| metric | value | target |",
+        "|---|---|---|",
+        f"| trajectories/s, async loop | {r['async_tps']:.2f} | |",
+        f"| trajectories/s, synchronous turn-batched loop | {r['sync_tps']:.2f} | |",
+        f"| speed-up async / sync | {r['async_tps'] / r['sync_tps']:.2f}x | >= 2x |",
+        f"| generated tokens/s during async rollout | {r['async_tok_s']:.1f} | |",
+        f"| plain generation tokens/s, same requests | {r['plain_tok_s']:.1f} | |",
+        f"| engine utilisation (async / plain) | {100 * r['async_tok_s'] / r['plain_tok_s']:.0f}% | >= 80% |",
+        f"| engine start | {r['engine_start_s']:.1f} s | |",
+    ]
+    if "swap_s" in r:
+        lines += [
+            f"| weight swap, publish to serving | {r['swap_s']:.2f} s | |",
+            f"| of which: sha256 verification / reading safetensors | {r['verify_s']:.2f} s / {r['read_s']:.2f} s | |",
+            f"| of which: in-flight requests finishing, then the swap | {r['drain_swap_s']:.2f} s | |",
+            f"| engine restart with the new weights, to first token | {r['restart_s']:.2f} s | |",
+            f"| restart / swap | {r['restart_s'] / r['swap_s']:.1f}x | |",
+            f"| requests failed during the swap | {r['failed_during_swap']} | 0 |",
+        ]
+    return "\n".join(lines) + "\n"

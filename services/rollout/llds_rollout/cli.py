@@ -1,0 +1,162 @@
+"""Entrypoints: ``llds rollout serve`` (:func:`serve_main`) and ``llds answer`` (:func:`answer_main`).
+
+    llds rollout serve --config configs/rollout_cpu.toml --model DIR --dataset train.jsonl \\
+        --weights-root runs/x/weights --retriever-url http://127.0.0.1:8000
+    llds answer --rollout-url http://127.0.0.1:8001 "who wrote hamlet"
+    llds answer --model DIR --retriever-url http://127.0.0.1:8000 "who wrote hamlet"
+
+Config is parsed and validated before torch is imported, so ``--help`` and bad configs are instant.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from typing import Any
+
+from pydantic import ValidationError
+
+from llds_proto.settings import ConfigError
+
+
+def _settings(args: argparse.Namespace, **extra: Any):  # type: ignore[no-untyped-def]
+    from llds_rollout.config import RolloutSettings
+
+    overrides = {
+        "model": args.model,
+        "retriever_url": args.retriever_url,
+        **extra,
+    }
+    engine_type = getattr(args, "engine", None)
+    if engine_type:
+        base = RolloutSettings.load(args.config, {**overrides, "train": False})
+        overrides["engine"] = {**base.engine.model_dump(), "type": engine_type}
+    return RolloutSettings.load(args.config, overrides)
+
+
+def _config_error(e: Exception) -> int:
+    print(f"error: invalid rollout config: {e}", file=sys.stderr)
+    return 2
+
+
+def serve_main(argv: list[str]) -> int:
+    """``llds rollout serve``: run the rollout service until interrupted."""
+    p = argparse.ArgumentParser(prog="llds rollout serve", description="Serve the rollout service.")
+    p.add_argument("--config", help="TOML config (e.g. configs/rollout_cpu.toml)")
+    p.add_argument("--model", help="initial policy: local folder or hub name")
+    p.add_argument("--engine", choices=["transformers", "vllm"], help="inference backend")
+    p.add_argument("--retriever-url", help="retriever base URL")
+    p.add_argument("--redis-url", help="Redis URL")
+    p.add_argument("--dataset", help="training questions (JSONL)")
+    p.add_argument("--weights-root", help="folder the trainer publishes weights into")
+    p.add_argument("--group-size", type=int, help="G: samples per prompt")
+    p.add_argument("--max-turns", type=int, help="search-enabled turns per training trajectory")
+    p.add_argument("--host", help="bind address")
+    p.add_argument("--port", type=int, help="TCP port")
+    p.add_argument("--no-train", action="store_true", help="serve /answer only (no dataset, no Redis)")
+    p.add_argument("--write-config", help="write the resolved config (secrets masked) to this TOML file")
+    args = p.parse_args(argv)
+    try:
+        settings = _settings(
+            args,
+            redis_url=args.redis_url,
+            dataset=args.dataset,
+            weights_root=args.weights_root,
+            group_size=args.group_size,
+            max_turns=args.max_turns,
+            host=args.host,
+            port=args.port,
+            train=False if args.no_train else None,
+        )
+    except (ConfigError, ValidationError) as e:
+        return _config_error(e)
+    if not settings.model:
+        return _config_error(ValueError("no model: pass --model or set model in the config"))
+    if args.write_config:
+        settings.write_toml(args.write_config)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+
+    import uvicorn
+
+    from llds_rollout.app import create_app
+
+    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    return 0
+
+
+def answer_main(argv: list[str]) -> int:
+    """``llds answer``: answer one question through a running service or in-process."""
+    p = argparse.ArgumentParser(prog="llds answer", description="Answer a question with the search agent.")
+    p.add_argument("question", help="the question")
+    p.add_argument("--rollout-url", help="a running rollout service (else the model runs in-process)")
+    p.add_argument("--model", help="local folder or hub name (in-process)")
+    p.add_argument("--engine", choices=["transformers", "vllm"], help="inference backend (in-process)")
+    p.add_argument("--retriever-url", help="retriever base URL (in-process)")
+    p.add_argument("--config", help="TOML config (in-process)")
+    p.add_argument("--max-turns", type=int, help="search-enabled turns")
+    p.add_argument("--json", action="store_true", help="print the full AnswerResponse as JSON")
+    args = p.parse_args(argv)
+    if not args.question.strip():
+        print("error: the question is blank", file=sys.stderr)
+        return 2
+    if args.rollout_url:
+        data = _answer_remote(args.rollout_url, args.question, args.max_turns)
+        if data is None:
+            return 1
+    else:
+        try:
+            settings = _settings(args, train=False)
+        except (ConfigError, ValidationError) as e:
+            return _config_error(e)
+        if not settings.model:
+            return _config_error(ValueError("pass --rollout-url, or --model (and --retriever-url)"))
+        import asyncio
+
+        try:
+            data = asyncio.run(_answer_local(settings, args.question, args.max_turns))
+        except RuntimeError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 1
+    if args.json:
+        print(json.dumps(data, indent=2))
+    else:
+        for i, t in enumerate(data["turns"], start=1):
+            print(f"--- turn {i}\n{t['text']}")
+            if t.get("search_query"):
+                print(f"[searched {t['search_query']!r}: {len(t['documents'])} documents]")
+        print(f"\nanswer: {data['answer']}  (weights v{data['weights_version']}, {data['latency_s']:.1f} s)")
+    return 0
+
+
+def _answer_remote(url: str, question: str, max_turns: int | None) -> dict[str, Any] | None:
+    import httpx
+
+    body: dict[str, Any] = {"question": question}
+    if max_turns is not None:
+        body["max_turns"] = max_turns
+    try:
+        resp = httpx.post(f"{url.rstrip('/')}/answer", json=body, timeout=600)
+    except httpx.HTTPError as e:
+        print(f"error: cannot reach {url}: {e}", file=sys.stderr)
+        return None
+    if resp.status_code != 200:
+        print(f"error: HTTP {resp.status_code}: {resp.text}", file=sys.stderr)
+        return None
+    return resp.json()
+
+
+async def _answer_local(settings: Any, question: str, max_turns: int | None) -> dict[str, Any]:
+    from llds_proto.messages import AnswerRequest
+    from llds_rollout.service import RolloutService
+
+    service = RolloutService(settings)
+    await service.start()
+    try:
+        if service.load_error:
+            raise RuntimeError(f"model failed to load: {service.load_error}")
+        resp = await service.answer(AnswerRequest(question=question, max_turns=max_turns))
+        return resp.model_dump(mode="json")
+    finally:
+        await service.stop()

@@ -1,0 +1,129 @@
+"""Configuration of the rollout service (one pydantic class; TOML < env ``LLDS_ROLLOUT_*`` < CLI)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal
+
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic_settings import SettingsConfigDict
+
+from llds_proto.reward import RewardKind
+from llds_proto.settings import ServiceSettings
+
+
+class EngineSettings(BaseModel):
+    """Inference backend and its knobs."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["transformers", "vllm"] = "transformers"
+    """Backend: ``transformers`` (own continuous-batching loop, light) or ``vllm`` (AsyncLLM)."""
+    max_batch_size: int = Field(default=32, ge=1, le=4096)
+    """Most sequences decoded together (transformers) / ``max_num_seqs`` (vLLM)."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights and activations dtype; CPUs want float32."""
+    device: str = "cpu"
+    """Torch device of the transformers backend."""
+    seed: int = 0
+    """Sampling seed."""
+    torch_threads: int = Field(default=0, ge=0, le=1024)
+    """Intra-op threads of the transformers backend (0 = torch's default); 1 is fastest for tiny
+    models and on a CPU shared with other busy processes, where spinning OpenMP threads stall."""
+    vllm_kv_cache_gib: float = Field(default=1.0, gt=0)
+    """KV-cache size on the CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
+    vllm_gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    """Fraction of GPU memory vLLM may take (GPUs only)."""
+    vllm_max_model_len: int = Field(default=4096, ge=256)
+    """Longest sequence the vLLM engine accepts (prompt + response)."""
+    vllm_enforce_eager: bool = True
+    """Skip graph capture/compilation: faster start, the right trade on CPUs and in tests."""
+
+
+class RolloutSettings(ServiceSettings):
+    """Everything the rollout service needs; see docs/rollout.md."""
+
+    model_config = SettingsConfigDict(env_prefix="LLDS_ROLLOUT_", extra="forbid", validate_default=True)
+
+    host: str = "127.0.0.1"
+    """Interface to bind."""
+    port: int = Field(default=8001, ge=0, le=65535)
+    """TCP port (0 picks a free one)."""
+    model: str = ""
+    """Initial policy (version ``initial_version``): a local Hugging Face folder or a hub name."""
+    engine: EngineSettings = Field(default_factory=EngineSettings)
+    """Inference backend."""
+    retriever_url: str = "http://127.0.0.1:8000"
+    """Base URL of the retriever (``POST /retrieve``)."""
+    redis_url: str = "redis://127.0.0.1:6379/0"
+    """Redis holding the trajectory stream, trainer version and replica registry."""
+    dataset: Path | None = None
+    """JSONL of training questions (Search-R1 columns); required unless ``train`` is false."""
+    weights_root: Path | None = None
+    """Folder the trainer publishes ``v{version:06d}/`` into; weight updates are confined to it."""
+    train: bool = True
+    """Produce training groups; false serves ``/answer`` only (no Redis, no dataset)."""
+    group_size: int = Field(default=5, ge=1, le=256)
+    """G: samples per prompt."""
+    max_turns: int = Field(default=3, ge=0, le=16)
+    """Search-enabled turns per training trajectory before the final no-search turn."""
+    answer_max_turns: int = Field(default=4, ge=0, le=16)
+    """Search-enabled turns for ``/answer`` when the request does not say."""
+    max_tokens_per_turn: int = Field(default=500, ge=1, le=32768)
+    """Generated tokens per assistant turn."""
+    max_context_tokens: int = Field(default=4096, ge=64)
+    """Prompt + response cap of one trajectory."""
+    max_obs_tokens: int = Field(default=500, ge=16)
+    """Observation tokens per search."""
+    temperature: float = Field(default=1.0, gt=0, le=5)
+    """Training sampling temperature (``/answer`` is greedy)."""
+    top_p: float = Field(default=1.0, gt=0, le=1)
+    """Training nucleus mass."""
+    topk: int = Field(default=3, ge=1, le=100)
+    """Documents per search."""
+    reward: RewardKind = "exact_match"
+    """Reward function of llds_proto.reward."""
+    max_staleness: int = Field(default=1, ge=0)
+    """K: drop groups sampled more than K versions behind the trainer; wait instead of starting them."""
+    max_groups_in_flight: int = Field(default=8, ge=1)
+    """Groups sampled concurrently (G trajectories each)."""
+    retriever_concurrency: int = Field(default=64, ge=1)
+    """Concurrent requests toward the retriever."""
+    retriever_timeout_s: float = Field(default=10.0, gt=0)
+    """Per-request retriever timeout."""
+    retriever_retries: int = Field(default=3, ge=0)
+    """Retries of a failed retriever call before the trajectory fails."""
+    retriever_backoff_s: float = Field(default=0.2, ge=0)
+    """First retry delay; doubles per retry."""
+    redis_buffer_groups: int = Field(default=64, ge=1)
+    """Finished groups held locally while Redis is unreachable; when full, sampling waits."""
+    version_poll_s: float = Field(default=0.5, gt=0)
+    """How often the trainer version is read from Redis."""
+    initial_version: int = Field(default=0, ge=0)
+    """Version number of ``model``."""
+    replica_name: str = ""
+    """Name in the replica registry; default ``rollout-{host}-{port}``."""
+    public_url: str = ""
+    """URL the trainer reaches this replica at; default ``http://{host}:{port}``."""
+    seed: int = 0
+    """Dataset shuffling seed."""
+    shuffle: bool = True
+    """Shuffle prompts every epoch."""
+    max_body_bytes: int = Field(default=1 << 20, ge=1024)
+    """Largest request body accepted; larger gets 413."""
+    admin_token: str | None = Field(
+        default=None,
+        validation_alias=AliasChoices("admin_token", "LLDS_ADMIN_TOKEN", "LLDS_ROLLOUT_ADMIN_TOKEN"),
+    )
+    """Bearer token of the admin routes (env ``LLDS_ADMIN_TOKEN``); unset disables them (403)."""
+
+    @model_validator(mode="after")
+    def _train_needs_inputs(self) -> RolloutSettings:
+        if self.train and self.dataset is None:
+            raise ValueError("train=true needs a dataset (or pass --no-train to serve /answer only)")
+        return self
+
+    def replica(self) -> tuple[str, str]:
+        """(registry name, base URL) of this replica."""
+        url = self.public_url or f"http://{self.host}:{self.port}"
+        return self.replica_name or f"rollout-{self.host}-{self.port}", url

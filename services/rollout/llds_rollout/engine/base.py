@@ -1,0 +1,97 @@
+"""The engine-backend interface every inference backend implements.
+
+A backend takes token-id prompts and returns the token ids it sampled with their sampling
+log-probs and the weights version that sampled them. Requests from many concurrent conversations
+are batched by the backend; a weight swap happens between requests, never inside one, so every
+token of one result comes from a single version.
+"""
+
+from __future__ import annotations
+
+import abc
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+FinishReason = Literal["stop", "eos", "length"]
+
+
+class EngineError(RuntimeError):
+    """The engine cannot serve a request (not loaded, stopped, or crashed); the message says why."""
+
+
+class WeightLoadError(ValueError):
+    """Weights that cannot be loaded into this engine (wrong names, shapes or dtypes)."""
+
+
+@dataclass(frozen=True)
+class GenerationRequest:
+    """One generation call: continue ``prompt_ids`` for at most ``max_tokens`` tokens."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float = 1.0
+    """0 means greedy."""
+    top_p: float = 1.0
+    stop: tuple[str, ...] = ()
+    """Stop strings; the one that ends the output stays in it."""
+    request_id: str = ""
+
+
+@dataclass
+class GenerationResult:
+    """What the engine produced for one request."""
+
+    token_ids: list[int]
+    logprobs: list[float]
+    """Log-prob of each sampled token under the distribution it was sampled from: softmax of the
+    temperature-scaled logits renormalised over the top-p nucleus (raw logits when greedy)."""
+    version: int
+    """Weights version that produced every token of this result."""
+    finish_reason: FinishReason
+    stop_str: str | None = None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+class Engine(abc.ABC):
+    """An inference backend. ``start`` loads the model; ``generate`` may be awaited concurrently."""
+
+    def __init__(self) -> None:
+        self._version = 0
+
+    @property
+    def version(self) -> int:
+        """Weights version serving now."""
+        return self._version
+
+    @property
+    @abc.abstractmethod
+    def ready(self) -> bool:
+        """True once a model is loaded and requests are served."""
+
+    @abc.abstractmethod
+    def start(self) -> None:
+        """Load the model and start serving (blocking; call from a thread in async code)."""
+
+    @abc.abstractmethod
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        """Run one request; batched with whatever else is in flight."""
+
+    @abc.abstractmethod
+    async def update_weights(self, tensors: Mapping[str, torch.Tensor], folder: Path, version: int) -> None:
+        """Swap in verified weights between requests and serve them as ``version``.
+
+        ``tensors`` are the folder's tensors already read and verified; backends that load from
+        disk themselves use ``folder``. On error the old weights keep serving.
+        """
+
+    @abc.abstractmethod
+    def shutdown(self) -> None:
+        """Stop serving; pending requests fail with :class:`EngineError`."""
+
+    def stats(self) -> dict[str, float]:
+        """Backend counters for /health and benchmarks."""
+        return {}

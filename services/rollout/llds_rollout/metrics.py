@@ -1,0 +1,110 @@
+"""Prometheus metrics of one rollout service instance (own registry, so several apps can coexist)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from llds_rollout.agent import Episode
+
+
+class RolloutMetrics:
+    """Every ``llds_rollout_*`` series."""
+
+    def __init__(self) -> None:
+        r = self.registry = CollectorRegistry()
+        self.generated_tokens = Counter(
+            "llds_rollout_generated_tokens_total",
+            "Tokens sampled by the engine (rate = tokens/s)",
+            ["kind"],
+            registry=r,
+        )
+        self.trajectories = Counter(
+            "llds_rollout_trajectories_total", "Finished trajectories by outcome", ["status"], registry=r
+        )
+        self.turns = Histogram(
+            "llds_rollout_turns_per_trajectory",
+            "Assistant turns per trajectory",
+            buckets=range(1, 18),
+            registry=r,
+        )
+        self.valid_searches = Histogram(
+            "llds_rollout_valid_searches_per_trajectory",
+            "Searches that produced an observation, per trajectory",
+            buckets=range(0, 17),
+            registry=r,
+        )
+        self.invalid_actions = Counter(
+            "llds_rollout_invalid_actions_total",
+            "Turns with neither a complete search nor an answer",
+            registry=r,
+        )
+        self.reward = Histogram(
+            "llds_rollout_reward",
+            "Reward per training trajectory",
+            buckets=(0.0, 0.1, 0.2, 0.5, 0.8, 1.0),
+            registry=r,
+        )
+        self.retriever_latency = Histogram(
+            "llds_rollout_retriever_latency_seconds",
+            "Successful retriever call latency",
+            buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
+            registry=r,
+        )
+        self.retriever_errors = Counter(
+            "llds_rollout_retriever_errors_total", "Failed retriever attempts by cause", ["cause"], registry=r
+        )
+        self.weights_version = Gauge("llds_rollout_weights_version", "Weights version serving", registry=r)
+        self.trainer_version = Gauge(
+            "llds_rollout_trainer_version", "Newest version the trainer published", registry=r
+        )
+        self.swap_seconds = Histogram(
+            "llds_rollout_weight_swap_seconds",
+            "Weight update: request to serving the new version",
+            buckets=(0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
+        self.weight_rejects = Counter(
+            "llds_rollout_weight_updates_rejected_total",
+            "Weight updates refused (old weights kept)",
+            registry=r,
+        )
+        self.groups = Counter(
+            "llds_rollout_groups_total", "Finished groups by outcome", ["status"], registry=r
+        )
+        self.stale_drops = Counter(
+            "llds_rollout_stale_groups_dropped_total",
+            "Groups dropped for exceeding the staleness bound",
+            registry=r,
+        )
+        self.admission_wait = Counter(
+            "llds_rollout_admission_wait_seconds_total",
+            "Time new groups waited for weights within the staleness bound",
+            registry=r,
+        )
+        self.buffer = Gauge(
+            "llds_rollout_redis_buffer_groups", "Finished groups waiting to be pushed", registry=r
+        )
+        self.redis_errors = Counter("llds_rollout_redis_errors_total", "Failed Redis operations", registry=r)
+        self.in_flight = Gauge(
+            "llds_rollout_trajectories_in_flight", "Trajectories being sampled", registry=r
+        )
+        self.answer_latency = Histogram(
+            "llds_rollout_answer_latency_seconds",
+            "/answer wall time",
+            buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+            registry=r,
+        )
+
+    def observe_episode(self, ep: Episode, kind: str) -> None:
+        """Count one finished conversation (``kind`` is ``train`` or ``answer``)."""
+        t = ep.trajectory
+        self.generated_tokens.labels(kind=kind).inc(sum(len(g.token_ids) for g in ep.generations))
+        self.trajectories.labels(status="ok").inc()
+        self.turns.observe(t.num_turns)
+        self.valid_searches.observe(t.num_valid_searches)
+        self.invalid_actions.inc(ep.invalid_actions)
+        if kind == "train":
+            self.reward.observe(t.reward)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

@@ -1,0 +1,340 @@
+"""The rollout service's logic, without the web framework: engine, retriever, producer, answers,
+weight updates. ``app`` wires it to HTTP routes.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from llds_proto.messages import (
+    AnswerRequest,
+    AnswerResponse,
+    AnswerTurn,
+    HealthResponse,
+    WeightUpdateNotice,
+    WeightUpdateResponse,
+)
+from llds_proto.streams import ROLLOUT_REGISTRY
+from llds_rollout.agent import LoopSettings, run_episode
+from llds_rollout.config import RolloutSettings
+from llds_rollout.engine import Engine, EngineError, WeightLoadError, build_engine
+from llds_rollout.metrics import RolloutMetrics
+from llds_rollout.retrieval import RetrieverClient, RetrieverError
+from llds_rollout.weights import WeightsError, load_tensors, verify_published
+
+log = logging.getLogger("llds_rollout.service")
+
+
+class NotReadyError(RuntimeError):
+    """The model is not loaded yet (or failed to load) (-> 503)."""
+
+
+class NotProducingError(RuntimeError):
+    """Pause/resume on a replica that does not produce training data (-> 409)."""
+
+
+class _AnswerGate:
+    """Readers are /answer calls, the writer a weight swap: an answer's turns all see one version.
+
+    Writer-preferring: once a swap waits, new answers queue behind it, so a stream of answers cannot
+    starve weight updates.
+    """
+
+    def __init__(self) -> None:
+        self._cond = asyncio.Condition()
+        self._readers = 0
+        self._writer = False
+        self._writers_waiting = 0
+
+    @contextlib.asynccontextmanager
+    async def read(self):  # type: ignore[no-untyped-def]
+        async with self._cond:
+            await self._cond.wait_for(lambda: not self._writer and not self._writers_waiting)
+            self._readers += 1
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._readers -= 1
+                self._cond.notify_all()
+
+    @contextlib.asynccontextmanager
+    async def write(self):  # type: ignore[no-untyped-def]
+        async with self._cond:
+            self._writers_waiting += 1
+            try:
+                await self._cond.wait_for(lambda: not self._writer and self._readers == 0)
+            finally:
+                self._writers_waiting -= 1
+            self._writer = True
+        try:
+            yield
+        finally:
+            async with self._cond:
+                self._writer = False
+                self._cond.notify_all()
+
+
+class RolloutService:
+    """One rollout replica."""
+
+    def __init__(self, settings: RolloutSettings, engine: Engine | None = None) -> None:
+        self.settings = settings
+        self.metrics = RolloutMetrics()
+        self.engine = engine or build_engine(settings.model, settings.engine, settings.initial_version)
+        self.tokenizer: Any = None
+        self.searcher: RetrieverClient | None = None
+        self.producer: Any = None
+        self.redis: Any = None
+        self.load_error: str | None = None
+        self._tasks: list[asyncio.Task[Any]] = []
+        self._swap_lock = asyncio.Lock()
+        self._gate = _AnswerGate()
+        self.name, self.url = settings.replica()
+
+    # ------------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Load the model (in a thread), then start producing if training. Errors land in /health."""
+        s = self.settings
+        try:
+            from transformers import AutoTokenizer
+
+            self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, s.model)
+            await asyncio.to_thread(self.engine.start)
+        except Exception as e:
+            self.load_error = f"{type(e).__name__}: {e}"
+            log.exception("model load failed model=%s", s.model)
+            return
+        self.metrics.weights_version.set(self.engine.version)
+        self.searcher = RetrieverClient(
+            s.retriever_url,
+            topk=s.topk,
+            concurrency=s.retriever_concurrency,
+            timeout_s=s.retriever_timeout_s,
+            retries=s.retriever_retries,
+            backoff_s=s.retriever_backoff_s,
+            on_latency=self.metrics.retriever_latency.observe,
+            on_error=lambda cause: self.metrics.retriever_errors.labels(cause=cause).inc(),
+        )
+        if s.train:
+            self._start_producer()
+        log.info(
+            "rollout ready name=%s url=%s version=%d train=%s",
+            self.name,
+            self.url,
+            self.engine.version,
+            s.train,
+        )
+
+    def _start_producer(self) -> None:
+        import redis.asyncio as aioredis
+
+        from llds_rollout.dataset import endless, load_rows
+        from llds_rollout.scheduler import GroupProducer
+
+        s = self.settings
+        assert s.dataset is not None and self.searcher is not None
+        rows = load_rows(s.dataset)
+        self.redis = aioredis.Redis.from_url(s.redis_url, socket_timeout=5, socket_connect_timeout=5)
+        self.producer = GroupProducer(
+            engine=self.engine,
+            searcher=self.searcher,
+            tokenizer=self.tokenizer,
+            prompts=endless(rows, shuffle=s.shuffle, seed=s.seed),
+            redis=self.redis,
+            metrics=self.metrics,
+            loop_settings=self.loop_settings(train=True),
+            group_size=s.group_size,
+            max_staleness=s.max_staleness,
+            max_groups_in_flight=s.max_groups_in_flight,
+            buffer_groups=s.redis_buffer_groups,
+            version_poll_s=s.version_poll_s,
+            producer=self.name,
+        )
+        self._tasks.append(asyncio.create_task(self._register()))
+        self._tasks.append(asyncio.create_task(self._produce()))
+
+    async def _produce(self) -> None:
+        try:
+            await self.producer.run()
+        except asyncio.CancelledError:
+            raise
+        except Exception:
+            log.exception("group production stopped")
+
+    async def _register(self) -> None:
+        """HSET this replica into the registry; retried while Redis is unreachable."""
+        from redis.exceptions import RedisError
+
+        delay = 0.5
+        while True:
+            try:
+                await self.redis.hset(ROLLOUT_REGISTRY, self.name, self.url)
+                log.info("registered replica name=%s url=%s", self.name, self.url)
+                return
+            except RedisError as e:
+                self.metrics.redis_errors.inc()
+                log.warning("replica registration failed retry_in=%.1fs cause=%s", delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 10.0)
+
+    async def stop(self) -> None:
+        if self.producer is not None:
+            self.producer.stop()
+        for t in self._tasks:
+            t.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        if self.redis is not None:
+            from redis.exceptions import RedisError
+
+            try:
+                await self.redis.hdel(ROLLOUT_REGISTRY, self.name)
+            except RedisError as e:
+                log.warning("replica deregistration failed: %s", e)
+            await self.redis.aclose()
+        if self.searcher is not None:
+            await self.searcher.aclose()
+        await asyncio.to_thread(self.engine.shutdown)
+
+    # ------------------------------------------------------------------ logic
+
+    def loop_settings(self, *, train: bool, max_turns: int | None = None) -> LoopSettings:
+        s = self.settings
+        return LoopSettings(
+            max_turns=(s.max_turns if train else s.answer_max_turns) if max_turns is None else max_turns,
+            max_tokens_per_turn=s.max_tokens_per_turn,
+            max_context_tokens=s.max_context_tokens,
+            max_obs_tokens=s.max_obs_tokens,
+            temperature=s.temperature if train else 0.0,
+            top_p=s.top_p if train else 1.0,
+            reward=s.reward,
+        )
+
+    def health(self) -> HealthResponse:
+        detail: dict[str, object] = {
+            "weights_version": self.engine.version,
+            "engine": self.settings.engine.type,
+            "model": self.settings.model,
+            "train": self.settings.train,
+        }
+        if self.producer is not None:
+            detail.update(
+                trainer_version=self.producer.trainer_version,
+                paused=self.producer.paused,
+                groups_pushed=self.producer.pushed,
+            )
+        if self.load_error is not None:
+            detail["error"] = self.load_error
+            return HealthResponse(status="degraded", service="rollout", detail=detail)
+        if self.producer is not None and self.producer.error is not None:
+            detail["error"] = f"group production stopped: {self.producer.error!r}"
+            return HealthResponse(status="degraded", service="rollout", detail=detail)
+        if not self.engine.ready or self.tokenizer is None:
+            return HealthResponse(status="starting", service="rollout", detail=detail)
+        return HealthResponse(status="ok", service="rollout", detail=detail)
+
+    def require_ready(self) -> None:
+        if self.load_error is not None:
+            raise NotReadyError(f"model failed to load: {self.load_error}")
+        if not self.engine.ready or self.tokenizer is None or self.searcher is None:
+            raise NotReadyError("model is still loading")
+
+    async def answer(
+        self, req: AnswerRequest, on_turn: Callable[[AnswerTurn], None] | None = None
+    ) -> AnswerResponse:
+        """Greedy search-agent answer; :class:`RetrieverError`/:class:`EngineError` -> 503 at the edge.
+
+        ``on_turn`` sees each turn as it finishes (the streaming route uses it).
+        """
+        self.require_ready()
+        assert self.searcher is not None
+        t0 = time.perf_counter()
+        request_id = uuid.uuid4().hex[:12]
+        async with self._gate.read():
+            ep = await run_episode(
+                self.engine,
+                self.searcher,
+                self.tokenizer,
+                req.question,
+                [],
+                self.loop_settings(train=False, max_turns=req.max_turns),
+                trajectory_id=f"answer-{request_id}",
+                on_turn=on_turn,
+            )
+        self.metrics.observe_episode(ep, "answer")
+        latency = time.perf_counter() - t0
+        self.metrics.answer_latency.observe(latency)
+        versions = {g.version for g in ep.generations}
+        log.info(
+            "answer request_id=%s turns=%d searches=%d version=%s latency_s=%.2f",
+            request_id,
+            len(ep.turns),
+            ep.trajectory.num_valid_searches,
+            versions,
+            latency,
+        )
+        return AnswerResponse(
+            answer=ep.trajectory.answer,
+            turns=ep.turns,
+            weights_version=min(versions),
+            latency_s=latency,
+            request_id=request_id,
+        )
+
+    async def update_weights(self, notice: WeightUpdateNotice) -> WeightUpdateResponse:
+        """Verify, load and swap in a published folder; raises :class:`WeightsError` (-> 400)."""
+        self.require_ready()
+        t0 = time.perf_counter()
+        root = self.settings.weights_root
+        async with self._swap_lock:
+            try:
+                if root is None:
+                    raise WeightsError("this replica has no weights_root configured")
+                if notice.version <= self.engine.version:
+                    raise WeightsError(
+                        f"version {notice.version} is not newer than serving {self.engine.version}"
+                    )
+                published = await asyncio.to_thread(verify_published, root, notice.path, notice.version)
+                tensors = await asyncio.to_thread(load_tensors, published)
+                async with self._gate.write():
+                    await self.engine.update_weights(tensors, published.folder, notice.version)  # type: ignore[arg-type]
+            except (WeightsError, WeightLoadError) as e:
+                self.metrics.weight_rejects.inc()
+                log.warning(
+                    "weight update rejected version=%d path=%s cause=%s", notice.version, notice.path, e
+                )
+                raise WeightsError(str(e)) from e
+        load_s = time.perf_counter() - t0
+        self.metrics.weights_version.set(self.engine.version)
+        self.metrics.swap_seconds.observe(load_s)
+        log.info("weights updated version=%d step=%d load_s=%.3f", notice.version, notice.step, load_s)
+        return WeightUpdateResponse(version=self.engine.version, load_s=load_s)
+
+    def pause(self) -> None:
+        if self.producer is None:
+            raise NotProducingError("this replica does not produce training data (train=false)")
+        self.producer.pause()
+        log.info("production paused")
+
+    def resume(self) -> None:
+        if self.producer is None:
+            raise NotProducingError("this replica does not produce training data (train=false)")
+        self.producer.resume()
+        log.info("production resumed")
+
+
+__all__ = [
+    "EngineError",
+    "NotProducingError",
+    "NotReadyError",
+    "RetrieverError",
+    "RolloutService",
+    "WeightsError",
+]
