@@ -87,6 +87,8 @@ class RolloutSettings(ServiceSettings):
     """K: drop groups sampled more than K versions behind the trainer; wait instead of starting them."""
     max_groups_in_flight: int = Field(default=8, ge=1)
     """Groups sampled concurrently (G trajectories each)."""
+    max_queued_groups: int = Field(default=8, ge=0)
+    """Start no new group while this many groups wait in the stream for the trainer (0 = no limit)."""
     retriever_concurrency: int = Field(default=64, ge=1)
     """Concurrent requests toward the retriever."""
     retriever_timeout_s: float = Field(default=10.0, gt=0)

@@ -84,6 +84,11 @@ class RolloutMetrics:
         self.buffer = Gauge(
             "llds_rollout_redis_buffer_groups", "Finished groups waiting to be pushed", registry=r
         )
+        self.queued_groups = Gauge(
+            "llds_rollout_queued_groups",
+            "Groups in the stream not yet acknowledged by the trainer (backpressure input)",
+            registry=r,
+        )
         self.redis_errors = Counter("llds_rollout_redis_errors_total", "Failed Redis operations", registry=r)
         self.in_flight = Gauge(
             "llds_rollout_trajectories_in_flight", "Trajectories being sampled", registry=r

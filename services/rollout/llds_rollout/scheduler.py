@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from llds_proto.codec import encode_group
 from llds_proto.messages import TrajectoryGroup
 from llds_proto.search_protocol import prompt_ids
-from llds_proto.streams import GROUP_FIELD, TRAINER_VERSION_KEY, TRAJECTORY_STREAM
+from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, TRAINER_VERSION_KEY, TRAJECTORY_STREAM
 from llds_rollout.agent import LoopSettings, Searcher, run_episode
 from llds_rollout.dataset import PromptRow
 from llds_rollout.engine.base import Engine, EngineError
@@ -57,6 +57,7 @@ class GroupProducer:
         max_staleness: int,
         max_groups_in_flight: int,
         buffer_groups: int,
+        max_queued_groups: int = 0,
         version_poll_s: float,
         producer: str,
     ) -> None:
@@ -71,6 +72,10 @@ class GroupProducer:
         self.max_staleness = max_staleness
         self.version_poll_s = version_poll_s
         self.producer = producer
+        self.max_queued_groups = max_queued_groups
+        # Group ids must stay unique when a replica restarts and replays its epochs from the start:
+        # the trainer treats a repeated id as a redelivery and drops it.
+        self.run_id = f"{producer or 'rollout'}-{time.time_ns():x}"
         self.trainer_version = 0
         self.pushed = 0
         self._slots = asyncio.Semaphore(max_groups_in_flight)
@@ -136,19 +141,47 @@ class GroupProducer:
         """Versions the engine is behind the trainer."""
         return self.trainer_version - self.engine.version
 
+    async def queued_groups(self) -> int:
+        """Groups in the stream the trainer has not acknowledged (undelivered + pending)."""
+        try:
+            for g in await self.redis.xinfo_groups(TRAJECTORY_STREAM):
+                name = g.get("name")
+                if name in (TRAINER_GROUP, TRAINER_GROUP.encode()):
+                    lag = g.get("lag")
+                    if lag is None:  # Redis cannot tell after deletions: count conservatively
+                        return int(await self.redis.xlen(TRAJECTORY_STREAM))
+                    return int(lag) + int(g.get("pending", 0))
+            return int(await self.redis.xlen(TRAJECTORY_STREAM))
+        except RedisError as e:
+            if "no such key" in str(e).lower():
+                return 0
+            self.metrics.redis_errors.inc()
+            log.warning("reading queue depth failed: %s", e)
+            return 0
+
+    def _queue_full(self, queued: int) -> bool:
+        return bool(self.max_queued_groups) and queued + len(self._tasks) >= self.max_queued_groups
+
     async def _admit(self) -> None:
         t0 = time.perf_counter()
         waited = False
-        while self.lag() > self.max_staleness and not self._stopping:
+        while not self._stopping:
+            behind = self.lag() > self.max_staleness
+            queued = await self.queued_groups() if self.max_queued_groups else 0
+            self.metrics.queued_groups.set(queued)
+            if not behind and not self._queue_full(queued):
+                break
             if not waited:
                 log.info(
-                    "admission waiting for weights engine=%d trainer=%d k=%d",
+                    "admission waiting engine=%d trainer=%d k=%d queued=%d max_queued=%d",
                     self.engine.version,
                     self.trainer_version,
                     self.max_staleness,
+                    queued,
+                    self.max_queued_groups,
                 )
                 waited = True
-            await asyncio.sleep(min(self.version_poll_s, 0.1))
+            await asyncio.sleep(min(self.version_poll_s, 0.25))
         if waited:
             self.metrics.admission_wait.inc(time.perf_counter() - t0)
 
@@ -176,7 +209,7 @@ class GroupProducer:
     # ------------------------------------------------------------------ groups
 
     async def _group(self, row: PromptRow, epoch: int) -> None:
-        group_id = f"{row.prompt_id}:{epoch}"
+        group_id = f"{row.prompt_id}:{epoch}:{self.run_id}"
         try:
             prompt = prompt_ids(self.tokenizer, row.question)
             self.metrics.in_flight.inc(self.group_size)

@@ -154,6 +154,7 @@ class RolloutService:
             group_size=s.group_size,
             max_staleness=s.max_staleness,
             max_groups_in_flight=s.max_groups_in_flight,
+            max_queued_groups=s.max_queued_groups,
             buffer_groups=s.redis_buffer_groups,
             version_poll_s=s.version_poll_s,
             producer=self.name,

@@ -80,7 +80,12 @@ def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
         task.cancel()
         entries = await redis.xrange(TRAJECTORY_STREAM)
         groups = [decode_group(fields[b"group"]) for _, fields in entries]
-        assert [g.group_id for g in groups[:3]] == ["world:0:0", "world:1:0", "world:0:1"]
+        run = prod.run_id
+        assert [g.group_id for g in groups[:3]] == [
+            f"world:0:0:{run}",
+            f"world:1:0:{run}",
+            f"world:0:1:{run}",
+        ]
         g = groups[0]
         assert len(g.trajectories) == 3 and g.producer == "test" and g.gold_answers == ["Shakespeare"]
         assert [t.sample_index for t in g.trajectories] == [0, 1, 2]
@@ -172,6 +177,41 @@ def test_redis_outage_buffers_then_backpressures_and_loses_nothing(tokenizer: An
         await _until(drained)
         task.cancel()
         ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(TRAJECTORY_STREAM)]
-        assert ids[:4] == ["world:0:0", "world:1:0", "world:0:1", "world:1:1"]
+        run = prod.run_id
+        assert ids[:4] == [f"world:0:0:{run}", f"world:1:0:{run}", f"world:0:1:{run}", f"world:1:1:{run}"]
 
     asyncio.run(main())
+
+
+def test_backpressure_stops_at_max_queued_groups(tokenizer: Any) -> None:
+    """With nobody consuming, a replica stops starting groups once the stream holds the limit."""
+
+    async def main() -> None:
+        redis = fakeredis.aioredis.FakeRedis()
+        prod = _producer(GatedEngine(tokenizer), redis, max_queued_groups=2)
+        task = asyncio.create_task(prod.run())
+
+        async def two() -> bool:
+            return await redis.xlen(TRAJECTORY_STREAM) >= 2
+
+        await _until(two)
+        await asyncio.sleep(0.5)
+        assert await redis.xlen(TRAJECTORY_STREAM) == 2
+        assert await prod.queued_groups() == 2
+        # the trainer acknowledges both: production resumes
+        await redis.xgroup_create(TRAJECTORY_STREAM, "trainers", id="$")
+
+        async def more() -> bool:
+            return await redis.xlen(TRAJECTORY_STREAM) >= 3
+
+        await _until(more)
+        task.cancel()
+        await asyncio.gather(task, return_exceptions=True)
+
+    asyncio.run(main())
+
+
+def test_group_ids_differ_across_producer_runs(tokenizer: Any) -> None:
+    redis = fakeredis.aioredis.FakeRedis()
+    a, b = _producer(GatedEngine(tokenizer), redis), _producer(GatedEngine(tokenizer), redis)
+    assert a.run_id != b.run_id and a.run_id.startswith("test-")
