@@ -46,11 +46,46 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
     return out
 
 
+QUICK_ARGS = {
+    "retriever": ["--quick"],
+    "rollout": ["--trajectories", "8", "--no-swap"],
+    "trainer": ["--groups", "1", "--group-size", "2", "--repeats", "1"],
+}
+"""Smoke-size arguments of each benchmark for ``--quick``."""
+
+
+def _with_default_model(argv: list[str]) -> list[str]:
+    """The rollout and trainer benchmarks measure the default policy unless ``--model`` is given."""
+    if any(a == "--model" or a.startswith("--model=") for a in argv):
+        return argv
+    from llds.assets import smollm2_dir
+
+    return ["--model", str(smollm2_dir()), *argv]
+
+
+def rollout_main(argv: list[str]) -> int:
+    """``llds bench rollout``: the rollout benchmark on SmolLM2 by default."""
+    from llds_rollout.bench import main as bench_main
+
+    return bench_main(_with_default_model(argv))
+
+
+def trainer_main(argv: list[str]) -> int:
+    """``llds bench trainer``: the trainer benchmark on SmolLM2 by default."""
+    from llds_trainer.bench import main as bench_main
+
+    return bench_main(_with_default_model(argv))
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llds bench all", description=__doc__.split("\n\n")[0])
-    p.add_argument("--quick", action="store_true", help="pass --quick to every benchmark (smoke sizes)")
-    p.add_argument("--only", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS))
-    p.add_argument("--stitch-only", action="store_true", help="only rebuild BENCHMARKS.md from existing sections")
+    p.add_argument("--quick", action="store_true", help="smoke sizes for every benchmark (see QUICK_ARGS)")
+    p.add_argument(
+        "--only", default=",".join(SECTIONS), help="comma-separated subset of " + ",".join(SECTIONS)
+    )
+    p.add_argument(
+        "--stitch-only", action="store_true", help="only rebuild BENCHMARKS.md from existing sections"
+    )
     args = p.parse_args(argv)
     chosen = [s.strip() for s in args.only.split(",") if s.strip()]
     unknown = sorted(set(chosen) - set(SECTIONS))
@@ -59,8 +94,9 @@ def main(argv: list[str] | None = None) -> int:
     failed = []
     if not args.stitch_only:
         for name in chosen:
-            cmd = [sys.executable, "-m", "llds.cli", "bench", name] + (["--quick"] if args.quick else [])
-            print(f"$ llds bench {name}{' --quick' if args.quick else ''}", flush=True)
+            extra = QUICK_ARGS[name] if args.quick else []
+            cmd = [sys.executable, "-m", "llds.cli", "bench", name, *extra]
+            print(f"$ llds bench {name} {' '.join(extra)}", flush=True)
             t0 = time.monotonic()
             if subprocess.run(cmd).returncode != 0:
                 failed.append(name)

@@ -40,8 +40,8 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "GRPO vs GRPO+LLDS vs GRPO+LLDS-MA on the default task",
     ),
     ("bench", "retriever"): ("llds_retriever.bench", "main", "retriever throughput and latency vs baseline"),
-    ("bench", "rollout"): ("llds_rollout.bench", "main", "async vs synchronous rollout, swap time"),
-    ("bench", "trainer"): ("llds_trainer.bench", "main", "GRPO vs GRPO+LLDS step time"),
+    ("bench", "rollout"): ("llds.bench", "rollout_main", "async vs synchronous rollout, swap time"),
+    ("bench", "trainer"): ("llds.bench", "trainer_main", "GRPO vs GRPO+LLDS step time"),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),
     ("assets",): ("llds.assets", "main", "build the offline model assets (SmolLM2, tiny test model)"),
 }
