@@ -32,11 +32,12 @@ VARIANTS: dict[str, dict[str, object]] = {
 
 SIGNALS = [
     ("reward/mean", "reward (mean)"),
-    ("lld/correct_logp_mean", "log-likelihood of correct responses (per token)"),
-    ("lld/displaced_frac_responses", "fraction of correct responses whose likelihood fell"),
+    ("lld/correct_logp_token", "log-likelihood of correct responses (per token)"),
+    ("lld/fell_fraction_responses", "fraction of correct responses whose likelihood fell"),
+    ("lld/displacement_mean", "intra-step displacement of correct responses"),
     ("loss/llds", "LLDS term"),
     ("actor/entropy", "token entropy"),
-    ("response/valid_searches_mean", "valid searches per trajectory"),
+    ("rollout/valid_searches_mean", "valid searches per trajectory"),
 ]
 
 
@@ -164,8 +165,8 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, plots: li
     for r in results:
         lines.append(
             f"| {r['arm']} | {r['steps']} | {f(r['reward/mean:first'])} -> {f(r['reward/mean:last'])} "
-            f"| {f(r['lld/correct_logp_mean:first'])} -> {f(r['lld/correct_logp_mean:last'])} "
-            f"({f(r['lld/correct_logp_mean:slope'])}) | {f(r['lld/displaced_frac_responses:last'])} "
+            f"| {f(r['lld/correct_logp_token:first'])} -> {f(r['lld/correct_logp_token:last'])} "
+            f"({f(r['lld/correct_logp_token:slope'])}) | {f(r['lld/fell_fraction_responses:last'])} "
             f"| {f(r['loss/llds:last'])} | {f(r.get('eval_em'))} | {f(r.get('eval_searches'))} | {f(r['train_s'])} |"
         )
     lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
