@@ -736,13 +736,7 @@ def parse_args(argv: list[str]) -> DashboardConfig:
     p.add_argument("--timeout", type=float, dest="timeout_s", help="per-request poll timeout (s)")
     p.add_argument("--max-samples", type=int, help="metric samples kept")
     p.add_argument("--train-log", type=Path, help="the trainer's train_log.jsonl (also read, merged by step)")
-    args = vars(p.parse_args(argv))
-    config = args.pop("config")
-    try:
-        return DashboardConfig.load(config, overrides=args)
-    except ValueError as e:
-        p.error(str(e))
-        raise
+    return DashboardConfig.from_cli(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-from llds_proto.reward import exact_match, f1_score, substring_match
 from tqdm import tqdm
+
+from llds_proto.reward import exact_match, f1_score, substring_match
 
 PROTOCOL_MAX_TURNS = 4
 """Search turns in the published evaluation (search-protocol spec)."""

@@ -24,9 +24,10 @@ from pathlib import Path
 from typing import Literal
 
 import httpx
-from llds_proto.settings import ConfigError, ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+
+from llds_proto.settings import ConfigError, ServiceSettings
 
 log = logging.getLogger("llds.up")
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -261,7 +262,11 @@ class Up:
 
     def pause_production(self) -> None:
         """Training is done: stop the rollout producing groups nobody will consume (it keeps answering)."""
-        r = httpx.post(f"{self.url('rollout')}/admin/pause", headers={"Authorization": f"Bearer {self.token}"}, timeout=30)
+        r = httpx.post(
+            f"{self.url('rollout')}/admin/pause",
+            headers={"Authorization": f"Bearer {self.token}"},
+            timeout=30,
+        )
         if r.status_code != 200:
             print(f"warning: could not pause rollout production: {r.status_code} {r.text[:200]}")
 
@@ -273,7 +278,11 @@ class Up:
             ans = client.post(f"{self.url('rollout')}/answer", json={"question": row["question"]})
         # The trainer may already have exited after its last step: read its log, not its HTTP API.
         log_path = self.run_dir / "trainer" / "train_log.jsonl"
-        history = [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.exists() else []
+        history = (
+            [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
+            if log_path.exists()
+            else []
+        )
         answer = ans.json() if ans.status_code == 200 else {"error": ans.text}
         out = {
             "steps": max(int(status.get("step", 0) or 0), len(history)),
@@ -322,13 +331,7 @@ def parse_args(argv: list[str]) -> UpConfig:
         help="do not serve the dashboard",
     )
     p.add_argument("--exit-when-done", action="store_const", const=True, help="exit after the training steps")
-    args = vars(p.parse_args(argv))
-    config = args.pop("config")
-    try:
-        return UpConfig.load(config, overrides=args)
-    except ValueError as e:
-        p.error(str(e))
-        raise
+    return UpConfig.from_cli(p, argv)
 
 
 def main(argv: list[str] | None = None) -> int:

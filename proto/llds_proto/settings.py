@@ -6,6 +6,7 @@ overrides (CLI flags). The resolved config can be written back as TOML next to a
 
 from __future__ import annotations
 
+import argparse
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -77,6 +78,21 @@ class ServiceSettings(BaseSettings):
             return cls(**{k: v for k, v in (overrides or {}).items() if v is not None})
         finally:
             _TOML_DATA.reset(token)
+
+    @classmethod
+    def from_cli(cls, parser: argparse.ArgumentParser, argv: list[str] | None) -> Self:
+        """Parse ``argv`` whose dests are field names (plus ``config``, a TOML path) into a config.
+
+        Unset flags (None) fall through to env, TOML and defaults; a bad value becomes a usage
+        error naming it (exit 2) before anything heavy is imported.
+        """
+        args = vars(parser.parse_args(argv))
+        config = args.pop("config", None)
+        try:
+            return cls.load(config, overrides=args)
+        except ValueError as e:
+            parser.error(str(e))
+            raise  # parser.error exits; this keeps type checkers satisfied
 
     def write_toml(self, path: str | Path) -> Path:
         """Write the resolved config (secrets excluded) as TOML; returns the path."""

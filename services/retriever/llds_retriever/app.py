@@ -14,7 +14,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 from fastapi import FastAPI, Request
 from fastapi.encoders import jsonable_encoder
@@ -226,7 +226,7 @@ def create_app(
         """``ok`` (200) once the index is loaded; ``starting`` or ``degraded`` (503) before/instead."""
         service: RetrieverService | None = state["service"]
         if service is None:
-            status = "starting" if state["error"] is None else "degraded"
+            status: Literal["starting", "degraded"] = "starting" if state["error"] is None else "degraded"
             detail: dict[str, Any] = {} if state["error"] is None else {"error": state["error"]}
             body = HealthResponse(status=status, service="retriever", detail=detail)
             return JSONResponse(body.model_dump(), status_code=503)

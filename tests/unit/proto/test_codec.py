@@ -5,6 +5,7 @@ import json
 import msgpack
 import numpy as np
 import pytest
+
 from llds_proto.codec import CodecError, decode_group, encode_group
 from llds_proto.messages import Trajectory, TrajectoryGroup
 

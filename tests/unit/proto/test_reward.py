@@ -1,6 +1,7 @@
 """Answer normalisation and scoring (search-protocol spec, Reward)."""
 
 import pytest
+
 from llds_proto.reward import (
     exact_match,
     extract_answer,

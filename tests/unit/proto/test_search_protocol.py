@@ -1,6 +1,7 @@
 """The Search-R1 protocol: byte-exact prompt and observations, action parsing, token-level assembly."""
 
 import pytest
+
 from llds_proto.search_protocol import (
     INVALID_ACTION_TEXT,
     TrajectoryBuilder,

@@ -3,9 +3,10 @@
 from pathlib import Path
 
 import pytest
-from llds_proto.settings import ConfigError, ServiceSettings
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
+
+from llds_proto.settings import ConfigError, ServiceSettings
 
 
 class _Cfg(ServiceSettings):
