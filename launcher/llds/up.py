@@ -40,8 +40,9 @@ class UpConfig(ServiceSettings):
 
     model_config = SettingsConfigDict(env_prefix="LLDS_UP_", extra="forbid")
 
-    preset: Literal["cpu", "tiny"] = "cpu"
-    """``cpu``: SmolLM2-135M warm-started; ``tiny``: random 2-layer model (tests, smoke runs)."""
+    preset: Literal["cpu", "tiny", "gpu"] = "cpu"
+    """``cpu``: SmolLM2-135M warm-started; ``tiny``: random 2-layer model (tests, smoke runs);
+    ``gpu``: vLLM rollout + bf16 trainer (``configs/*_gpu.toml``), needs ``model``."""
     model: str | None = None
     """Policy folder; overrides the preset's model (and skips the warm-start)."""
     steps: int = Field(default=3, ge=0)
@@ -125,6 +126,11 @@ def ensure_warmstart(seed: int) -> Path:
             ["warmstart", "--model", str(base), "--world", str(ensure_world(seed)), "--out", str(policy)]
         )
     return policy
+
+
+def _check_preset(cfg: UpConfig) -> None:
+    if cfg.preset == "gpu" and not cfg.model:
+        raise ConfigError("--preset gpu needs --model (a folder or hub name, e.g. Qwen/Qwen2.5-3B)")
 
 
 def _port(port: int) -> int:
@@ -313,7 +319,9 @@ def parse_args(argv: list[str]) -> UpConfig:
     p = argparse.ArgumentParser(prog="llds up", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, help="TOML file with UpConfig fields")
     p.add_argument(
-        "--preset", choices=["cpu", "tiny"], help="cpu: SmolLM2 warm-started; tiny: random test model"
+        "--preset",
+        choices=["cpu", "tiny", "gpu"],
+        help="cpu: SmolLM2 warm-started; tiny: random test model; gpu: vLLM + bf16 trainer (needs --model)",
     )
     p.add_argument("--model", help="policy folder (skips the warm-start)")
     p.add_argument("--steps", type=int, help="training steps (0 = until stopped)")
@@ -338,6 +346,11 @@ def main(argv: list[str] | None = None) -> int:
     cfg = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    try:
+        _check_preset(cfg)
+    except ConfigError as e:
+        print(f"llds up: {e}", file=sys.stderr)
+        return 2
     up = Up(cfg)
     # SIGTERM (e.g. from a test or a container runtime) takes the same path as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
