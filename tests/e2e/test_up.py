@@ -80,11 +80,11 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(tmp_path: Path, redis_ser
         client = redis.Redis.from_url(redis_server.url)  # type: ignore[attr-defined]
         history = [json.loads(x) for x in (run_dir / "trainer" / "train_log.jsonl").read_text().splitlines()]
         assert len(history) >= STEPS
-        consumed = sum(int(h.get("queue/groups", 0)) for h in history[:STEPS])
+        consumed = sum(int(h.get("data/groups", 0)) for h in history[:STEPS])
         assert consumed >= STEPS
         # pending entries can only be groups of a step still in progress, never of a finished one
         pending = client.xpending("llds:trajectories", "trainers")
-        assert pending["pending"] <= max(int(h.get("queue/groups", 0)) for h in history)
+        assert pending["pending"] <= max(int(h.get("data/groups", 0)) for h in history)
     finally:
         proc.send_signal(signal.SIGINT)
         try:
