@@ -135,6 +135,7 @@ def run_main(argv: list[str]) -> int:
         log.exception("trainer failed")
         rc = 1
     finally:
+        service.close_writers()
         if server is not None:
             server.should_exit = True
         if service.trainer is not None:

@@ -156,6 +156,12 @@ class TrainerConfig(ServiceSettings):
     """Consecutive steps the warning conditions must hold."""
     lld_spike_factor: float = Field(default=3.0, gt=1)
     """Alarm: entropy or gradient norm above this multiple of its window median."""
+    trackers: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
+    """Extra step writers beside train_log.jsonl: TensorBoard (``run_dir/tensorboard``) and/or W&B."""
+    wandb_project: str = "llds"
+    """W&B project name."""
+    wandb_mode: Literal["offline", "online"] = "offline"
+    """W&B mode; offline writes ``run_dir/wandb`` for a later ``wandb sync``."""
     history_limit: int = Field(default=100_000, ge=1)
     """Step records kept in memory for ``GET /history``."""
 

@@ -58,6 +58,7 @@ class TrainerService:
         self._unacked_groups: list[str] = []
         self.completed_step = 0
         self.run_dir = Path(cfg.run_dir)
+        self.writers: list[Any] = []
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -101,6 +102,15 @@ class TrainerService:
             )
         if dist.is_main:
             self._cut_log(self.trainer.state.step)
+            from llds_trainer.tracking import make_writers
+
+            self.writers = make_writers(
+                list(self.cfg.trackers),
+                self.run_dir,
+                wandb_project=self.cfg.wandb_project,
+                wandb_mode=self.cfg.wandb_mode,
+                config=self.cfg.model_dump(mode="json"),
+            )
             self.completed_step = self.trainer.state.step
             self.metrics.step.set(self.trainer.state.step)
             self.metrics.version.set(self.trainer.state.version)
@@ -156,6 +166,8 @@ class TrainerService:
     ) -> None:
         with open(self.run_dir / TRAIN_LOG, "a") as f:
             f.write(json.dumps(rec) + "\n")
+        for w in self.writers:
+            w.write(step, rec)
         failpoint("after_log", step)
         self._unacked.extend(entry_ids)
         self._unacked_groups.extend(group_ids)
@@ -280,6 +292,12 @@ class TrainerService:
             "error": self.error,
             "world_size": t.dist.world_size if t else 1,
         }
+
+    def close_writers(self) -> None:
+        """Flush and close the optional trackers."""
+        for w in self.writers:
+            w.close()
+        self.writers = []
 
     def history_since(self, since: int) -> list[dict[str, Any]]:
         with self.lock:
