@@ -8,8 +8,9 @@ averaged, written as JSON and Markdown. Either point it at a running rollout ser
     llds eval --model ~/.cache/llds/models/smollm2-135m-warmstart-s0 --data synthworld-eval
     llds eval --rollout-url http://127.0.0.1:8001 --data nq.jsonl --data hotpotqa.jsonl --limit 500
 
-Datasets: ``synthworld-eval`` / ``synthworld-train`` (built in), or files in the FlashRAG/Search-R1
-formats: JSONL rows with ``question`` and ``golden_answers`` (FlashRAG), or Search-R1 parquet/JSONL rows
+Datasets: ``synthworld-eval`` / ``synthworld-train`` (built in), ``nq-bigbench`` (17.5k Natural
+Questions restored from the ``bigbench`` package, with their 13.8k Wikipedia passages as the corpus:
+evaluation only, never training data), or files in the FlashRAG/Search-R1 formats: JSONL rows with ``question`` and ``golden_answers`` (FlashRAG), or Search-R1 parquet/JSONL rows
 with ``reward_model.ground_truth.target``.
 """
 
@@ -63,8 +64,36 @@ def row_to_example(row: dict[str, object], i: int) -> Example:
     return Example(str(row.get("id", i)), str(question), [str(g) for g in golds])  # type: ignore[union-attr]
 
 
+NQ_BIGBENCH = "nq-bigbench"
+
+
+def index_for(spec: str, world_seed: int) -> Path | None:
+    """BM25 index a built-in set is evaluated against (built on first use); None for files."""
+    from llds.up import ensure_world_index, run_tool
+
+    if spec.startswith("synthworld"):
+        return ensure_world_index(world_seed)
+    if spec == NQ_BIGBENCH:
+        from llds import assets
+        from llds_retriever.nq import load_nq
+
+        corpus, _ = load_nq()
+        index = assets.cache_dir() / "indexes" / "nq-bigbench-bm25"
+        if not (index / "COMPLETE").exists():
+            run_tool(["index", "build", "--corpus", str(corpus), "--kind", "bm25", "--out", str(index)])
+            (index / "COMPLETE").write_text("ok\n")
+        return index
+    return None
+
+
 def load_dataset(spec: str, world_seed: int = 0) -> tuple[str, list[Example]]:
     """(name, examples) for a built-in set name or a file path."""
+    if spec == NQ_BIGBENCH:
+        from llds_retriever.nq import load_nq
+
+        _, questions = load_nq()
+        rows = [json.loads(line) for line in questions.read_text().splitlines() if line.strip()]
+        return spec, [row_to_example(r, i) for i, r in enumerate(rows)]
     if spec in ("synthworld-eval", "synthworld-train"):
         from llds import assets, world
 
@@ -147,11 +176,11 @@ def markdown(rows: list[dict[str, float | int | str]], meta: dict[str, object]) 
 class _Services:
     """Retriever + rollout started for a ``--model`` evaluation, stopped afterwards."""
 
-    def __init__(self, model: str, retriever_url: str | None, world_seed: int, log_dir: Path):
-        self.model, self.retriever_url, self.world_seed, self.log_dir = (
+    def __init__(self, model: str, retriever_url: str | None, index: Path | None, log_dir: Path):
+        self.model, self.retriever_url, self.index, self.log_dir = (
             model,
             retriever_url,
-            world_seed,
+            index,
             log_dir,
         )
         self.children: list = []
@@ -163,11 +192,9 @@ class _Services:
         py = [sys.executable, "-m", "llds.cli"]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}
         if self.retriever_url is None:
-            from llds.up import ensure_world_index
-
-            index = ensure_world_index(self.world_seed)
+            assert self.index is not None
             port = free_port()
-            c = Child("retriever", [*py, "retriever", "serve", "--index", str(index), "--port", str(port)],
+            c = Child("retriever", [*py, "retriever", "serve", "--index", str(self.index), "--port", str(port)],
                       self.log_dir / "retriever.log", env).start(echo=False)  # fmt: skip
             self.children.append(c)
             self.retriever_url = f"http://127.0.0.1:{port}"
@@ -196,7 +223,15 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         url_ctx: object = None
         url = args.rollout_url.rstrip("/")
     else:
-        url_ctx = _Services(args.model, args.retriever_url, args.world_seed, out / "logs")
+        index = None
+        if not args.retriever_url:
+            indexes = {index_for(d, args.world_seed) for d in args.data}
+            if None in indexes or len(indexes) != 1:
+                raise EvalError(
+                    "these datasets need different retrievers (or a file set needs one): pass --retriever-url"
+                )
+            index = indexes.pop()
+        url_ctx = _Services(args.model, args.retriever_url, index, out / "logs")
         url = url_ctx.__enter__()  # type: ignore[attr-defined]
     try:
         rows, per_example = [], {}
@@ -234,10 +269,10 @@ def build_parser() -> argparse.ArgumentParser:
         "--data",
         action="append",
         required=True,
-        help="synthworld-eval, synthworld-train or a file; repeatable",
+        help="synthworld-eval, synthworld-train, nq-bigbench or a file; repeatable",
     )
     p.add_argument(
-        "--retriever-url", help="retriever to use with --model (default: the synthetic world's BM25)"
+        "--retriever-url", help="retriever to use with --model (default: BM25 over the built-in set corpus)"
     )
     p.add_argument(
         "--max-turns", type=int, default=PROTOCOL_MAX_TURNS, help="search turns (published protocol: 4)"

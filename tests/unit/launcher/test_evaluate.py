@@ -45,3 +45,27 @@ def test_summary_means_and_markdown() -> None:
     assert (s["n"], s["em"], s["f1"], s["searches"]) == (2, 0.5, 0.75, 1.0)
     md = markdown([s], {"model": "m", "max_turns": 4, "weights_version": 0, "seconds": 1.0})
     assert "| x | 2 | 0.500 | 0.750 |" in md
+
+
+def test_nq_bigbench_questions_load_when_the_sdist_is_cached(tmp_path: Path) -> None:
+    """The restored NQ set (evaluation only) loads in the FlashRAG form; skipped without the sdist."""
+    from llds import assets
+
+    if not (assets.cache_dir() / "downloads" / "bigbench-1.0.0.tar.gz").exists():
+        pytest.skip("the bigbench sdist (358 MB) is not in the cache; `llds bench retriever` fetches it")
+    name, exs = load_dataset("nq-bigbench")
+    assert name == "nq-bigbench" and len(exs) > 10_000
+    assert all(ex.question and ex.golds for ex in exs[:100])
+
+
+def test_mixed_built_in_sets_without_a_retriever_are_refused(tmp_path: Path) -> None:
+    import argparse
+
+    from llds.evaluate import run
+
+    f = tmp_path / "mine.jsonl"
+    f.write_text(json.dumps({"question": "q", "golden_answers": ["a"]}) + "\n")
+    args = argparse.Namespace(data=["synthworld-eval", str(f)], limit=1, out=str(tmp_path / "o"), rollout_url=None,
+                              model="m", retriever_url=None, world_seed=0, max_turns=1, concurrency=1)  # fmt: skip
+    with pytest.raises(EvalError, match="retriever"):
+        run(args)
