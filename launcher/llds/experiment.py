@@ -146,7 +146,9 @@ def plot(results: list[dict[str, object]], out: Path) -> list[Path]:
     return paths
 
 
-def report(results: list[dict[str, object]], args: argparse.Namespace, plots: list[Path]) -> str:
+def report(
+    results: list[dict[str, object]], args: argparse.Namespace, plots: list[Path], plot_prefix: str = ""
+) -> str:
     def f(x: object) -> str:
         return f"{x:.4f}" if isinstance(x, float) else ("-" if x is None else str(x))
 
@@ -169,7 +171,7 @@ def report(results: list[dict[str, object]], args: argparse.Namespace, plots: li
             f"({f(r['lld/correct_logp_token:slope'])}) | {f(r['lld/fell_fraction_responses:last'])} "
             f"| {f(r['loss/llds:last'])} | {f(r.get('eval_em'))} | {f(r.get('eval_searches'))} | {f(r['train_s'])} |"
         )
-    lines += ["", *[f"![{p.stem}]({p.name})" for p in plots], ""]
+    lines += ["", *[f"![{p.stem}]({plot_prefix}{p.name})" for p in plots], ""]
     return "\n".join(lines)
 
 
@@ -198,13 +200,22 @@ def main(argv: list[str] | None = None) -> int:
     if bad or args.steps < 1 or args.eval_limit < 0:
         p.error(f"arms must be among {list(VARIANTS)} (got {bad}), --steps >= 1, --eval-limit >= 0")
     args.out.mkdir(parents=True, exist_ok=True)
-    results = [run_arm(a, args, args.out) for a in arms]
+    if args.report_only:
+        results = json.loads((args.out / "experiment.json").read_text())
+    else:
+        results = [run_arm(a, args, args.out) for a in arms]
+        (args.out / "experiment.json").write_text(json.dumps(results, indent=2) + "\n")
     plots = plot(results, args.out)
-    (args.out / "experiment.json").write_text(json.dumps(results, indent=2) + "\n")
     md = report(results, args, plots)
     (args.out / "EXPERIMENTS.md").write_text(md)
     if args.write_repo_report:
-        (ROOT / "EXPERIMENTS.md").write_text(md)
+        import shutil
+
+        dest = ROOT / "docs" / "experiment-lld"
+        dest.mkdir(parents=True, exist_ok=True)
+        for p_ in plots:
+            shutil.copy(p_, dest / p_.name)
+        (ROOT / "EXPERIMENTS.md").write_text(report(results, args, plots, plot_prefix="docs/experiment-lld/"))
     print(md)
     return 0
 
