@@ -192,7 +192,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--out", type=Path, default=Path("runs/experiment-lld"), help="output folder")
     p.add_argument(
-        "--write-repo-report", action="store_true", help="also write the repository's EXPERIMENTS.md"
+        "--write-repo-report",
+        action="store_true",
+        help="also write the repository's EXPERIMENTS.md (plots copied to docs/experiment-lld/)",
+    )
+    p.add_argument(
+        "--report-only", action="store_true", help="rebuild plots and report from OUT/experiment.json"
     )
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
