@@ -32,5 +32,7 @@ def test_gpu_preset_without_model_is_a_clear_error() -> None:
     import subprocess
     import sys
 
-    res = subprocess.run([sys.executable, "-m", "llds.cli", "up", "--preset", "gpu"], capture_output=True, text=True)
+    res = subprocess.run(
+        [sys.executable, "-m", "llds.cli", "up", "--preset", "gpu"], capture_output=True, text=True
+    )
     assert res.returncode == 2 and "--preset gpu needs --model" in res.stderr
