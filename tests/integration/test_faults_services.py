@@ -42,7 +42,12 @@ TOKEN = "faults-admin-token"
 
 
 def rollout_service(
-    model: Path, retriever_url: str, redis_url: str, tmp: Path, name: str = "rollout"
+    model: Path,
+    retriever_url: str,
+    redis_url: str,
+    tmp: Path,
+    name: str = "rollout",
+    env: dict[str, str] | None = None,
 ) -> tuple[Service, str]:
     world, _ = world_index()
     port = free_port()
@@ -50,7 +55,7 @@ def rollout_service(
             "--model", str(model), "--retriever-url", retriever_url, "--redis-url", redis_url,
             "--dataset", str(world / "train.jsonl"), "--weights-root", str(tmp / "weights"), "--port", str(port)]  # fmt: skip
     (tmp / "weights").mkdir(parents=True, exist_ok=True)
-    return Service(name, argv, tmp, {"LLDS_ADMIN_TOKEN": TOKEN}), f"http://127.0.0.1:{port}"
+    return Service(name, argv, tmp, {"LLDS_ADMIN_TOKEN": TOKEN, **(env or {})}), f"http://127.0.0.1:{port}"
 
 
 def trainer_service(
@@ -195,7 +200,11 @@ def test_redis_restart_keeps_acknowledged_data_and_everyone_reconnects(
 ) -> None:
     server = RedisServer(data_dir=tmp_path / "redis").start()
     r = redis.Redis.from_url(server.url)
-    rollout, rollout_url = rollout_service(tiny_model_dir, retriever, server.url, tmp_path)
+    # Backpressure would rightly hold production while the backlog waits for the trainer; this test
+    # is about reconnecting, so the producer must keep producing after the restart.
+    rollout, rollout_url = rollout_service(
+        tiny_model_dir, retriever, server.url, tmp_path, env={"LLDS_ROLLOUT_MAX_QUEUED_GROUPS": "0"}
+    )
     trainer, trainer_url = trainer_service(tiny_model_dir, server.url, tmp_path, steps=4)
     try:
         rollout.start()
