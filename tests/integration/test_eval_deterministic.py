@@ -14,8 +14,9 @@ pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 
 def _eval(model: Path, out: Path) -> dict:
-    cmd = [sys.executable, "-m", "llds.cli", "eval", "--model", str(model), "--data", "synthworld-eval",
-           "--limit", "4", "--max-turns", "2", "--concurrency", "4", "--out", str(out)]  # fmt: skip
+    # the light backend: determinism of our evaluation, not of vLLM (its greedy runs are tested apart)
+    cmd = [sys.executable, "-m", "llds.cli", "eval", "--engine", "transformers", "--model", str(model),
+           "--data", "synthworld-eval", "--limit", "4", "--max-turns", "2", "--concurrency", "4", "--out", str(out)]  # fmt: skip
     # the random tiny model never emits a stop string: cap its turns so each question is short
     env = {**os.environ, "LLDS_ROLLOUT_MAX_TOKENS_PER_TURN": "24"}
     res = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)

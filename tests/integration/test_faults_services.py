@@ -51,7 +51,7 @@ def rollout_service(
 ) -> tuple[Service, str]:
     world, _ = world_index()
     port = free_port()
-    argv = [*PY_CLI, "rollout", "serve", "--config", str(ROOT / "configs" / "rollout_tiny.toml"),
+    argv = [*PY_CLI, "rollout", "serve", "--engine", "transformers", "--config", str(ROOT / "configs" / "rollout_tiny.toml"),
             "--model", str(model), "--retriever-url", retriever_url, "--redis-url", redis_url,
             "--dataset", str(world / "train.jsonl"), "--weights-root", str(tmp / "weights"), "--port", str(port)]  # fmt: skip
     (tmp / "weights").mkdir(parents=True, exist_ok=True)

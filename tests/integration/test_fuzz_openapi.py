@@ -94,7 +94,7 @@ def rollout_url(
 
     settings = RolloutSettings.load(
         overrides={"model": str(tiny_model_dir), "retriever_url": retriever_url, "train": False,
-                   "admin_token": TOKEN, "weights_root": tmp_path_factory.mktemp("empty-weights"),
+                   "admin_token": TOKEN, "weights_root": tmp_path_factory.mktemp("empty-weights"), "engine": {"type": "transformers"},
                    "answer_max_turns": 1, "max_tokens_per_turn": 8, "max_obs_tokens": 32,
                    "max_context_tokens": 256}
     )  # fmt: skip

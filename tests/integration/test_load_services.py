@@ -48,7 +48,7 @@ def services(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
     port = free_port()
     rollout = Service(
         "rollout",
-        [*PY_CLI, "rollout", "serve", "--config", str(ROOT / "configs" / "rollout_tiny.toml"),
+        [*PY_CLI, "rollout", "serve", "--engine", "transformers", "--config", str(ROOT / "configs" / "rollout_tiny.toml"),
          "--model", str(tiny_model_dir), "--retriever-url", ret_url, "--no-train", "--port", str(port)],
         logs,
     )  # fmt: skip

@@ -56,7 +56,7 @@ def test_serve_and_answer_through_the_service(
     port = free_port()
     cfg = Path(__file__).parents[2] / "configs" / "rollout_cpu.toml"
     env = {**os.environ, "LLDS_ADMIN_TOKEN": "t"}
-    args = ["--config", str(cfg), "--model", str(tiny_model_dir), "--retriever-url", retriever_url,
+    args = ["--config", str(cfg), "--engine", "transformers", "--model", str(tiny_model_dir), "--retriever-url", retriever_url,
             "--port", str(port), "--no-train", "--write-config", str(tmp_path / "resolved.toml")]  # fmt: skip
     proc = subprocess.Popen([sys.executable, "-m", "llds_rollout", "serve", *args], env=env)
     try:
@@ -83,7 +83,7 @@ def test_answer_in_process(
     tiny_model_dir: Path, retriever_url: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
     cfg = Path(__file__).parents[2] / "configs" / "rollout_cpu.toml"
-    code = answer_main(["--config", str(cfg), "--model", str(tiny_model_dir), "--retriever-url", retriever_url,
+    code = answer_main(["--config", str(cfg), "--engine", "transformers", "--model", str(tiny_model_dir), "--retriever-url", retriever_url,
                         "--max-turns", "1", "--json", "who wrote hamlet"])  # fmt: skip
     assert code == 0
     out = capsys.readouterr().out

@@ -72,7 +72,7 @@ def test_two_rollout_replicas_both_receive_every_update(
             urls.append(f"http://127.0.0.1:{port}")
             procs.append(
                 _spawn(
-                    ["rollout", "serve", "--config", str(ROOT / "configs" / "rollout_tiny.toml"),
+                    ["rollout", "serve", "--engine", "transformers", "--config", str(ROOT / "configs" / "rollout_tiny.toml"),
                      "--model", str(tiny_model_dir), "--retriever-url", f"http://127.0.0.1:{rport}",
                      "--redis-url", redis_url, "--dataset", str(world / "train.jsonl"),
                      "--weights-root", str(weights), "--port", str(port)],

@@ -96,7 +96,7 @@ def test_rollout_sigterm_drains_an_inflight_answer(tiny_model_dir: Path, tmp_pat
     url = f"http://127.0.0.1:{port}"
     svc = Service(
         "rollout",
-        [*PY_CLI, "rollout", "serve", "--config", str(ROOT / "configs" / "rollout_tiny.toml"), "--model",
+        [*PY_CLI, "rollout", "serve", "--engine", "transformers", "--config", str(ROOT / "configs" / "rollout_tiny.toml"), "--model",
          str(tiny_model_dir), "--retriever-url", f"http://127.0.0.1:{free_port()}", "--no-train", "--port", str(port)],
         tmp_path,
         {"LLDS_ROLLOUT_MAX_TOKENS_PER_TURN": "300", "LLDS_ROLLOUT_RETRIEVER_RETRIES": "0"},

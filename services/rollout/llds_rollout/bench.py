@@ -1,16 +1,18 @@
 """``llds bench rollout``: the asynchronous loop against Search-R1's synchronous turn-batched loop,
 engine utilisation, and live weight swap against an engine restart. Writes a markdown report.
 
-    python -m llds_rollout bench --model DIR [--engine transformers|vllm] [--trajectories 32]
-        [--latency-ms 50] [--out docs/rollout_bench.md]
+    python -m llds_rollout bench --model DIR [--engine vllm|transformers] [--trajectories 64]
+        [--concurrency 16] [--latency-ms 50] [--out docs/rollout_bench.md]
 
 Workload: each trajectory follows a seeded plan (0..max_turns searches, a token budget per turn),
 because neither a random test model nor the un-warm-started policy emits search calls; the engine,
 the token flow (context as ids, observations appended as ids) and the retriever (a real HTTP server
 with injected latency) are the real ones. Both loops run the same plans on the same engine.
-- async: every trajectory advances on its own (generate, retrieve, generate), all in flight.
-- sync: per turn, generate for every live trajectory and wait for the slowest, then one batched
-  retrieval for all of them (Search-R1's scheme), then the next turn.
+- async: every trajectory advances on its own (generate, retrieve, generate), ``--concurrency`` in
+  flight; one that finishes is replaced by the next prompt at once, as in the service.
+- sync: prompts in batches of ``--concurrency``; per turn, generate for every live trajectory of the
+  batch and wait for the slowest, then one batched retrieval for all of them (Search-R1's scheme),
+  then the next turn; the next batch starts when the whole batch is done.
 """
 
 from __future__ import annotations
@@ -89,56 +91,80 @@ class Workload:
             raise
         return res.token_ids
 
-    async def run_async(self, plans: list[Plan]) -> tuple[float, int]:
+    async def _trajectory(self, client: Any, p: Plan) -> int:
+        ctx, gen = list(self.prompt), 0
+        for i, n in enumerate(p.tokens):
+            out = await self._gen(ctx, n)
+            ctx += out
+            gen += len(out)
+            if i < len(p.tokens) - 1:
+                r = await client.post(f"{self.url}/retrieve", json={"queries": ["hamlet"], "topk": 3})
+                r.raise_for_status()
+                ctx += self.obs
+        return gen
+
+    async def run_async(self, plans: list[Plan], concurrency: int) -> tuple[float, int]:
+        """``concurrency`` trajectories in flight; each one that finishes is replaced by the next
+        (the service draws prompts continuously)."""
         import httpx
 
         async with httpx.AsyncClient(timeout=30) as client:
-
-            async def one(p: Plan) -> int:
-                ctx, gen = list(self.prompt), 0
-                for i, n in enumerate(p.tokens):
-                    out = await self._gen(ctx, n)
-                    ctx += out
-                    gen += len(out)
-                    if i < len(p.tokens) - 1:
-                        r = await client.post(f"{self.url}/retrieve", json={"queries": ["hamlet"], "topk": 3})
-                        r.raise_for_status()
-                        ctx += self.obs
-                return gen
-
-            t0 = time.perf_counter()
-            gens = await asyncio.gather(*[one(p) for p in plans])
-            return time.perf_counter() - t0, sum(gens)
-
-    async def run_sync(self, plans: list[Plan]) -> tuple[float, int]:
-        import httpx
-
-        async with httpx.AsyncClient(timeout=30) as client:
-            ctxs = [list(self.prompt) for _ in plans]
+            todo = iter(plans)
             total = 0
+
+            async def worker() -> None:
+                nonlocal total
+                for p in todo:  # shared iterator: each plan runs once
+                    n = await self._trajectory(client, p)
+                    total += n
+
             t0 = time.perf_counter()
-            for turn in range(max(len(p.tokens) for p in plans)):
-                live = [i for i, p in enumerate(plans) if turn < len(p.tokens)]
-                outs = await asyncio.gather(*[self._gen(ctxs[i], plans[i].tokens[turn]) for i in live])
-                for i, out in zip(live, outs, strict=True):
-                    ctxs[i] += out
-                    total += len(out)
-                searching = [i for i in live if turn < len(plans[i].tokens) - 1]
-                if searching:
-                    body = {"queries": ["hamlet"] * len(searching), "topk": 3}
-                    (await client.post(f"{self.url}/retrieve", json=body)).raise_for_status()
-                    for i in searching:
-                        ctxs[i] += self.obs
+            await asyncio.gather(*[worker() for _ in range(min(concurrency, len(plans)))])
             return time.perf_counter() - t0, total
 
-    async def run_plain(self, requests: list[tuple[int, int]]) -> tuple[float, int]:
+    async def run_sync(self, plans: list[Plan], concurrency: int) -> tuple[float, int]:
+        """Batches of ``concurrency`` prompts; within a batch, per turn: generate for every live
+        trajectory and wait for the slowest, then one batched retrieval, then the next turn."""
+        import httpx
+
+        async with httpx.AsyncClient(timeout=30) as client:
+            total = 0
+            t0 = time.perf_counter()
+            for start in range(0, len(plans), concurrency):
+                batch = plans[start : start + concurrency]
+                ctxs = [list(self.prompt) for _ in batch]
+                for turn in range(max(len(p.tokens) for p in batch)):
+                    live = [i for i, p in enumerate(batch) if turn < len(p.tokens)]
+                    outs = await asyncio.gather(*[self._gen(ctxs[i], batch[i].tokens[turn]) for i in live])
+                    for i, out in zip(live, outs, strict=True):
+                        ctxs[i] += out
+                        total += len(out)
+                    searching = [i for i in live if turn < len(batch[i].tokens) - 1]
+                    if searching:
+                        body = {"queries": ["hamlet"] * len(searching), "topk": 3}
+                        (await client.post(f"{self.url}/retrieve", json=body)).raise_for_status()
+                        for i in searching:
+                            ctxs[i] += self.obs
+            return time.perf_counter() - t0, total
+
+    async def run_plain(self, requests: list[tuple[int, int]], concurrency: int) -> tuple[float, int]:
+        """The same generations (context length, token budget) with no agent loop around them, at
+        most ``concurrency`` at once: the engine's own throughput under the same load."""
         from llds_rollout.engine.base import GenerationRequest
 
         filler = (self.prompt + self.obs) * 64
-        reqs = [GenerationRequest(filler[:c], max_tokens=n, temperature=1.0) for c, n in requests]
+        todo = iter([GenerationRequest(filler[:c], max_tokens=n, temperature=1.0) for c, n in requests])
+        total = 0
+
+        async def worker() -> None:
+            nonlocal total
+            for r in todo:
+                out = await self.engine.generate(r)
+                total += len(out.token_ids)
+
         t0 = time.perf_counter()
-        outs = await asyncio.gather(*[self.engine.generate(r) for r in reqs])
-        return time.perf_counter() - t0, sum(len(o.token_ids) for o in outs)
+        await asyncio.gather(*[worker() for _ in range(concurrency)])
+        return time.perf_counter() - t0, total
 
 
 def _publish_copy(model_dir: Path, root: Path, version: int) -> Path:
@@ -171,7 +197,7 @@ def _build_engine(args: argparse.Namespace, model: str) -> Any:
 
 
 async def _swap_during_rollout(
-    work: Workload, engine: Any, folder: Path, plans: list[Plan]
+    work: Workload, engine: Any, folder: Path, plans: list[Plan], concurrency: int
 ) -> dict[str, float]:
     from llds_rollout.weights import load_tensors, verify_published
 
@@ -186,15 +212,21 @@ async def _swap_during_rollout(
         t3 = time.perf_counter()
         return {"swap_s": t3 - t0, "verify_s": t1 - t0, "read_s": t2 - t1, "drain_swap_s": t3 - t2}
 
-    (_, _), times = await asyncio.gather(work.run_async(plans), swap())
+    (_, _), times = await asyncio.gather(work.run_async(plans, concurrency), swap())
     return times
 
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llds bench rollout", description=__doc__.split("\n\n")[0])
     p.add_argument("--model", required=True, help="model folder (the default policy: SmolLM2-135M)")
-    p.add_argument("--engine", choices=["transformers", "vllm"], default="transformers")
-    p.add_argument("--trajectories", type=int, default=32)
+    p.add_argument("--engine", choices=["vllm", "transformers"], default="vllm")
+    p.add_argument("--trajectories", type=int, default=64)
+    p.add_argument(
+        "--concurrency",
+        type=int,
+        default=16,
+        help="trajectories in flight (async) / prompts per batch (sync)",
+    )
     p.add_argument("--max-turns", type=int, default=3, help="most searches per trajectory")
     p.add_argument("--tokens", default="16,64", help="token budget per turn: LO,HI (uniform)")
     p.add_argument("--obs-tokens", type=int, default=120, help="observation tokens per search")
@@ -226,12 +258,13 @@ def main(argv: list[str]) -> int:
     rows: dict[str, Any] = {"engine_start_s": start_s}
     with BackgroundServer(retriever_app(args.latency_ms / 1000)) as srv:
         work = Workload(engine, tok, srv.url, args.obs_tokens)
-        asyncio.run(work.run_plain([(len(work.prompt), 8)] * 4))  # warm-up (vLLM compiles here)
+        asyncio.run(work.run_plain([(len(work.prompt), 8)] * 4, 4))  # warm-up (vLLM compiles here)
         best: dict[str, tuple[float, int]] = {}
         for rep in range(args.repeats):
             for mode in ("sync", "async"):
                 work.requests = []
-                wall, toks = asyncio.run(work.run_async(plans) if mode == "async" else work.run_sync(plans))
+                run = work.run_async if mode == "async" else work.run_sync
+                wall, toks = asyncio.run(run(plans, args.concurrency))
                 print(
                     f"[bench] {mode} run {rep + 1}: {wall:.1f} s, {len(plans) / wall:.2f} traj/s", flush=True
                 )
@@ -239,7 +272,7 @@ def main(argv: list[str]) -> int:
                     best[mode] = (wall, toks)
                 if mode == "async":
                     replay = list(work.requests)
-        plain_wall, plain_toks = asyncio.run(work.run_plain(replay))
+        plain_wall, plain_toks = asyncio.run(work.run_plain(replay, args.concurrency))
         print(f"[bench] plain generation: {plain_toks / plain_wall:.1f} tok/s", flush=True)
         rows.update(
             sync_tps=len(plans) / best["sync"][0],
@@ -252,7 +285,7 @@ def main(argv: list[str]) -> int:
             with tempfile.TemporaryDirectory() as tmp:
                 folder = _publish_copy(model_dir, Path(tmp), 1)
                 work.failed = 0
-                times = asyncio.run(_swap_during_rollout(work, engine, folder, plans))
+                times = asyncio.run(_swap_during_rollout(work, engine, folder, plans, args.concurrency))
                 rows.update(times, failed_during_swap=work.failed, version_after=engine.version)
                 print(f"[bench] swap {times}, failed requests {work.failed}", flush=True)
                 engine.shutdown()
@@ -260,7 +293,9 @@ def main(argv: list[str]) -> int:
                 engine = _build_engine(args, str(folder))
                 engine.start()
                 asyncio.run(
-                    work.__class__(engine, tok, srv.url, args.obs_tokens).run_plain([(len(work.prompt), 1)])
+                    work.__class__(engine, tok, srv.url, args.obs_tokens).run_plain(
+                        [(len(work.prompt), 1)], 1
+                    )
                 )
                 rows["restart_s"] = time.perf_counter() - t0
                 print(f"[bench] restart {rows['restart_s']:.2f} s", flush=True)
@@ -276,6 +311,7 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
     turns = sum(len(p.tokens) for p in plans) / len(plans)
     cmd = "python -m llds_rollout bench " + " ".join(
         [f"--model {args.model}", f"--engine {args.engine}", f"--trajectories {args.trajectories}",
+         f"--concurrency {args.concurrency}",
          f"--max-turns {args.max_turns}", f"--tokens {args.tokens}", f"--obs-tokens {args.obs_tokens}",
          f"--latency-ms {args.latency_ms:g}", f"--batch {args.batch}", f"--threads {args.threads}",
          f"--repeats {args.repeats}"]
@@ -285,7 +321,8 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
         "",
         f"Command: `{cmd}`",
         "",
-        f"Workload: {len(plans)} trajectories, {turns:.2f} turns each on average, {args.tokens.replace(',', '-')} "
+        f"Workload: {len(plans)} trajectories, {args.concurrency} in flight (async) or per batch (sync), "
+        f"{turns:.2f} turns each on average, {args.tokens.replace(',', '-')} "
         f"tokens per turn, {args.obs_tokens}-token observations, retriever latency {args.latency_ms:g} ms.",
         "",
         "| metric | value | target |",
@@ -294,7 +331,7 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
         f"| trajectories/s, synchronous turn-batched loop | {r['sync_tps']:.2f} | |",
         f"| speed-up async / sync | {r['async_tps'] / r['sync_tps']:.2f}x | >= 2x |",
         f"| generated tokens/s during async rollout | {r['async_tok_s']:.1f} | |",
-        f"| plain generation tokens/s, same requests | {r['plain_tok_s']:.1f} | |",
+        f"| plain generation tokens/s, same requests, same concurrency | {r['plain_tok_s']:.1f} | |",
         f"| engine utilisation (async / plain) | {100 * r['async_tok_s'] / r['plain_tok_s']:.0f}% | >= 80% |",
         f"| engine start | {r['engine_start_s']:.1f} s | |",
     ]

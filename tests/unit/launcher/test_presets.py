@@ -36,3 +36,23 @@ def test_gpu_preset_without_model_is_a_clear_error() -> None:
         [sys.executable, "-m", "llds.cli", "up", "--preset", "gpu"], capture_output=True, text=True
     )
     assert res.returncode == 2 and "--preset gpu needs --model" in res.stderr
+
+
+def test_up_stops_early_when_the_rollout_needs_vllm_and_none_is_there(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    from llds import cli
+    from llds.up import Up, UpConfig
+    from llds_proto.settings import ConfigError
+
+    monkeypatch.setattr(cli, "vllm_python", lambda: None)
+    up = Up(UpConfig(preset="tiny", run_dir=tmp_path))
+    with pytest.raises(ConfigError, match="make vllm-env"):
+        up.check_engine()
+    light = tmp_path / "rollout.toml"
+    light.write_text('group_size = 2\n[engine]\ntype = "transformers"\n')
+    assert (
+        Up(UpConfig(preset="tiny", run_dir=tmp_path, rollout_config=light)).check_engine() == "transformers"
+    )
+    monkeypatch.setattr(cli, "vllm_python", lambda: "/some/python")
+    assert up.check_engine() == "vllm"

@@ -12,7 +12,7 @@ import abc
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
@@ -95,3 +95,9 @@ class Engine(abc.ABC):
     def stats(self) -> dict[str, float]:
         """Backend counters for /health and benchmarks."""
         return {}
+
+    @property
+    def openai_asgi(self) -> Any:
+        """ASGI callable serving the OpenAI-compatible ``/v1/`` routes, or None (not offered by
+        this backend, disabled, or not loaded yet)."""
+        return None
