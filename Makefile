@@ -8,7 +8,8 @@ PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.llds-installed
 PYTEST_ARGS ?=
 # vLLM for the CPU lives in its own environment layered over .venv (it would pin numpy and
-# setuptools below what the rest of the stack uses); only the vLLM backend's tests run in it.
+# setuptools below what the rest of the stack uses). The rollout runs there: `llds` moves its
+# engine commands (rollout serve, answer, bench rollout) to it; the vLLM backend's tests run in it.
 VLLM_VENV := .venv-vllm
 VLLM_STAMP := $(VLLM_VENV)/.llds-installed
 
@@ -35,11 +36,12 @@ $(VLLM_STAMP): $(STAMP)
 	$(VLLM_VENV)/bin/pip uninstall -y -q torchvision torchaudio torchcodec
 	@touch $(VLLM_STAMP)
 
-# The vLLM backend's tests (agreement with the transformers backend, in-place weight reload).
+# The vLLM backend's tests (agreement with the transformers backend, in-place weight reload, the
+# service on vLLM with its /v1 routes).
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pytest tests/integration/test_rollout_vllm.py $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest tests/integration/test_rollout_vllm.py tests/integration/test_rollout_vllm_service.py $(PYTEST_ARGS)
 
-run: install
+run: install vllm-env
 	$(VENV)/bin/llds up
 
 # Debian tools the tests use (compose/kubectl validators, headless Chromium). Idempotent; needs root

@@ -19,6 +19,7 @@ import pytest
 import redis
 import torch
 from fastapi import FastAPI
+from reliability_kit import ForcedModel
 from safetensors.torch import save_file
 
 from llds_proto.codec import decode_group
@@ -61,23 +62,6 @@ def retriever_app(calls: list[dict[str, Any]]) -> FastAPI:
         return {"result": out}
 
     return app
-
-
-class ForcedModel:
-    """Real model, plus a +1000 logit bias on ``script[position]`` at those absolute positions."""
-
-    def __init__(self, model: Any, script: dict[int, int]) -> None:
-        self.model, self.script = model, script
-
-    def __call__(self, **kw: Any) -> Any:
-        out = self.model(**kw)
-        for row, p in enumerate(kw["position_ids"][:, -1].tolist()):
-            if (tok := self.script.get(p + 1)) is not None:
-                out.logits[row, -1, tok] += 1000.0
-        return out
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.model, name)
 
 
 class TestEngine(TransformersEngine):
