@@ -2,7 +2,8 @@
 
 Retriever: ``RetrieveRequest`` / ``RetrieveResponse`` (Search-R1 wire format, plus an optional
 request id). Rollout: ``AnswerRequest`` / ``AnswerResponse``, ``WeightUpdateNotice`` /
-``WeightUpdateResponse``. Rollout -> trainer (Redis stream): ``TrajectoryGroup`` of token-level
+``WeightUpdateResponse``, and the NCCL path's ``WeightTransferInit`` / ``WeightTransferUpdate`` /
+``WeightTransferInfo``. Rollout -> trainer (Redis stream): ``TrajectoryGroup`` of token-level
 ``Trajectory`` records, encoded by :mod:`llds_proto.codec`.
 """
 
@@ -183,6 +184,102 @@ class WeightUpdateResponse(BaseModel):
     """Seconds from request to serving."""
     schema_version: int = SCHEMA_VERSION
     """Wire-contract version."""
+
+
+# --------------------------------------------------------------------------------------------
+# Trainer -> rollout: NCCL weight transfer (vLLM on GPUs; the fields mirror vLLM's NCCL payloads)
+# --------------------------------------------------------------------------------------------
+
+MAX_TRANSFER_TENSORS = 100_000
+"""Most tensors one NCCL weight update may name."""
+
+TransferDtype = Literal[
+    "float32", "float16", "bfloat16", "float64", "float8_e4m3fn", "float8_e5m2",
+    "int64", "int32", "int16", "int8", "uint8", "bool",
+]  # fmt: skip
+"""Wire dtype of a transferred tensor, spelled as ``torch.<name>``."""
+
+
+class WeightTransferInfo(BaseModel):
+    """Response of ``GET /admin/weight_transfer`` and ``POST /admin/weight_transfer/init``."""
+
+    backend: Literal["nccl"]
+    """Transport this replica receives weights over (only NCCL replicas answer 200)."""
+    workers: int = Field(ge=1)
+    """NCCL ranks this replica occupies: its vLLM workers (tensor x pipeline x data parallel)."""
+    version: int
+    """Version serving now."""
+    schema_version: int = SCHEMA_VERSION
+    """Wire-contract version."""
+
+
+class WeightTransferInit(_Message):
+    """Body of ``POST /admin/weight_transfer/init``: join the trainer's NCCL group.
+
+    The trainer is rank 0 and opens the rendezvous; this replica's workers take ranks
+    ``rank_offset .. rank_offset + workers - 1``. Sent to every replica at once: all ranks meet.
+    """
+
+    master_address: str = Field(min_length=1, max_length=255)
+    """Host of the trainer's rendezvous (TCPStore), as this replica reaches it."""
+    master_port: int = Field(ge=1, le=65535)
+    """Port of that rendezvous."""
+    rank_offset: int = Field(ge=1)
+    """Rank of this replica's first worker in the group."""
+    world_size: int = Field(ge=2)
+    """Ranks in the group: 1 (trainer) + every replica's workers."""
+    packed: bool = True
+    """Packed broadcast (tensors batched into buffers); must match the trainer."""
+    packed_buffer_size_bytes: int = Field(default=1 << 30, ge=1)
+    """Size of one packed buffer; must match the trainer."""
+    packed_num_buffers: int = Field(default=2, ge=1)
+    """Packed buffers in flight; must match the trainer."""
+    schema_version: int = SCHEMA_VERSION
+    """Wire-contract version."""
+
+    @model_validator(mode="after")
+    def _rank_inside(self) -> WeightTransferInit:
+        if self.rank_offset >= self.world_size:
+            raise ValueError(f"rank_offset {self.rank_offset} is outside a group of {self.world_size}")
+        return self
+
+
+class WeightTransferUpdate(_Message):
+    """Body of ``POST /admin/weight_transfer/update``: receive ``version`` over the joined group.
+
+    ``names``/``dtype_names``/``shapes`` describe the broadcast tensor by tensor, in order (vLLM's
+    ``NCCLWeightTransferUpdateInfo``); the names are the published checkpoint's. Answered once the
+    new version serves; a rejected update (4xx) leaves the old one serving.
+    """
+
+    version: int = Field(ge=1)
+    """New policy version; must be greater than the one serving."""
+    step: int = Field(default=0, ge=0)
+    """Trainer step that produced these weights."""
+    names: list[Annotated[str, StringConstraints(min_length=1, max_length=512)]] = Field(
+        min_length=1, max_length=MAX_TRANSFER_TENSORS
+    )
+    """Tensor names, in broadcast order."""
+    dtype_names: list[TransferDtype] = Field(max_length=MAX_TRANSFER_TENSORS)
+    """Wire dtype of each tensor."""
+    shapes: list[list[Annotated[int, Field(ge=0)]]] = Field(max_length=MAX_TRANSFER_TENSORS)
+    """Shape of each tensor."""
+    dry_run: bool = False
+    """Only check (version, names, shapes, group joined) and answer; nothing is received."""
+    schema_version: int = SCHEMA_VERSION
+    """Wire-contract version."""
+
+    @model_validator(mode="after")
+    def _aligned(self) -> WeightTransferUpdate:
+        n = len(self.names)
+        if len(self.dtype_names) != n or len(self.shapes) != n:
+            raise ValueError(
+                f"names, dtype_names and shapes differ in length ({n}, {len(self.dtype_names)}, "
+                f"{len(self.shapes)})"
+            )
+        if len(set(self.names)) != n:
+            raise ValueError("names repeat a tensor")
+        return self
 
 
 class HealthResponse(BaseModel):

@@ -23,6 +23,9 @@ MODELS: dict[str, type[BaseModel]] = {
     "answer_response": messages.AnswerResponse,
     "weight_update_notice": messages.WeightUpdateNotice,
     "weight_update_response": messages.WeightUpdateResponse,
+    "weight_transfer_init": messages.WeightTransferInit,
+    "weight_transfer_update": messages.WeightTransferUpdate,
+    "weight_transfer_info": messages.WeightTransferInfo,
     "health_response": messages.HealthResponse,
     "trajectory_group": messages.TrajectoryGroup,
 }

@@ -1,4 +1,5 @@
-"""HTTP surface of the rollout service: /answer, admin routes behind a bearer token, /health, /metrics."""
+"""HTTP surface of the rollout service: /answer, vLLM's OpenAI-compatible /v1 routes, admin routes
+behind a bearer token, /health, /metrics."""
 
 from __future__ import annotations
 
@@ -19,11 +20,15 @@ from llds_proto.messages import (
     AnswerRequest,
     AnswerResponse,
     HealthResponse,
+    WeightTransferInfo,
+    WeightTransferInit,
+    WeightTransferUpdate,
     WeightUpdateNotice,
     WeightUpdateResponse,
 )
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError
+from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
 from llds_rollout.retrieval import RetrieverError
 from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
 from llds_rollout.weights import WeightsError
@@ -63,6 +68,37 @@ class BodyLimitMiddleware:
         await self.app(scope, limited_receive, send)
 
 
+class OpenAIRoutes:
+    """Requests under ``/v1/`` go to the engine's OpenAI-compatible app (vLLM's own routes).
+
+    404 when the backend does not offer them (the message names the setting), 503 while the model
+    loads; everything else passes through to the service's routes.
+    """
+
+    def __init__(self, app: ASGIApp, service: RolloutService) -> None:
+        self.app = app
+        self.service = service
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
+            await self.app(scope, receive, send)
+            return
+        engine = self.service.settings.engine
+        target = self.service.engine.openai_asgi
+        if target is not None:
+            await target(scope, receive, send)
+            return
+        if engine.type != "vllm" or not engine.openai_api:
+            detail = (
+                "the OpenAI-compatible /v1 routes need engine.type = 'vllm' and engine.openai_api = true "
+                f"(this service runs engine.type = {engine.type!r}, openai_api = {engine.openai_api})"
+            )
+            resp = JSONResponse({"detail": detail}, status_code=404)
+        else:
+            resp = JSONResponse({"detail": "model is still loading"}, status_code=503, headers=RETRY_AFTER)
+        await resp(scope, receive, send)
+
+
 def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastAPI:
     """The FastAPI app; the model loads in the background after start-up (/health says when)."""
     service = RolloutService(settings, engine)
@@ -79,7 +115,8 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
 
     app = FastAPI(title="llds rollout", lifespan=lifespan)
     app.state.service = service
-    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)
+    app.add_middleware(OpenAIRoutes, service=service)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # outermost
 
     def require_admin(authorization: str | None = Header(default=None)) -> None:
         token = settings.admin_token
@@ -108,6 +145,14 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     @app.exception_handler(NotProducingError)
     async def _not_producing(_: Request, e: NotProducingError) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, status_code=409)
+
+    @app.exception_handler(WeightTransferStateError)
+    async def _transfer_state(_: Request, e: WeightTransferStateError) -> JSONResponse:
+        return JSONResponse({"detail": str(e)}, status_code=409)
+
+    @app.exception_handler(WeightTransferError)
+    async def _transfer_failed(_: Request, e: WeightTransferError) -> JSONResponse:
+        return JSONResponse({"detail": f"NCCL weight transfer failed: {e}"}, status_code=502)
 
     @app.get("/health", response_model=HealthResponse)
     async def health() -> JSONResponse:
@@ -153,6 +198,31 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     @app.post("/admin/weights", response_model=WeightUpdateResponse, dependencies=[Depends(require_admin)])
     async def weights(notice: WeightUpdateNotice) -> WeightUpdateResponse:
         return await service.update_weights(notice)
+
+    @app.get(
+        "/admin/weight_transfer", response_model=WeightTransferInfo, dependencies=[Depends(require_admin)]
+    )
+    async def weight_transfer_info() -> WeightTransferInfo:
+        """This replica's place in an NCCL group (409 unless started with engine.weight_transfer = nccl)."""
+        return service.weight_transfer_info()
+
+    @app.post(
+        "/admin/weight_transfer/init",
+        response_model=WeightTransferInfo,
+        dependencies=[Depends(require_admin)],
+    )
+    async def weight_transfer_init(req: WeightTransferInit) -> WeightTransferInfo:
+        """Join the trainer's NCCL group; answers once every rank has met."""
+        return await service.init_weight_transfer(req)
+
+    @app.post(
+        "/admin/weight_transfer/update",
+        response_model=WeightUpdateResponse,
+        dependencies=[Depends(require_admin)],
+    )
+    async def weight_transfer_update(req: WeightTransferUpdate) -> WeightUpdateResponse:
+        """Receive one version over the group between requests; 400 leaves the old weights serving."""
+        return await service.receive_weights(req)
 
     @app.post("/admin/pause", dependencies=[Depends(require_admin)])
     async def pause() -> dict[str, Any]:

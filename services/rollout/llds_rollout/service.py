@@ -17,6 +17,9 @@ from llds_proto.messages import (
     AnswerResponse,
     AnswerTurn,
     HealthResponse,
+    WeightTransferInfo,
+    WeightTransferInit,
+    WeightTransferUpdate,
     WeightUpdateNotice,
     WeightUpdateResponse,
 )
@@ -24,6 +27,7 @@ from llds_proto.streams import ROLLOUT_REGISTRY
 from llds_rollout.agent import LoopSettings, run_episode
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError, WeightLoadError, build_engine
+from llds_rollout.engine.transfer import CollectiveReceiver, WeightTransferError, collective_receiver
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.retrieval import RetrieverClient, RetrieverError
 from llds_rollout.weights import WeightsError, load_tensors, verify_published
@@ -316,6 +320,69 @@ class RolloutService:
         self.metrics.weights_version.set(self.engine.version)
         self.metrics.swap_seconds.observe(load_s)
         log.info("weights updated version=%d step=%d load_s=%.3f", notice.version, notice.step, load_s)
+        return WeightUpdateResponse(version=self.engine.version, load_s=load_s)
+
+    # ------------------------------------------------------------------ NCCL weight transfer
+
+    def _receiver(self) -> CollectiveReceiver:
+        """The engine's NCCL side; :class:`WeightTransferStateError` (-> 409) names the setting if none."""
+        self.require_ready()
+        return collective_receiver(self.engine, self.settings.engine)
+
+    def weight_transfer_info(self) -> WeightTransferInfo:
+        """What the trainer needs to place this replica in its NCCL group."""
+        rx = self._receiver()
+        return WeightTransferInfo(backend="nccl", workers=rx.transfer_workers, version=self.engine.version)
+
+    async def init_weight_transfer(self, req: WeightTransferInit) -> WeightTransferInfo:
+        """Join the trainer's NCCL group (blocks until every rank has met); a bad placement is a 400."""
+        rx = self._receiver()
+        if req.rank_offset + rx.transfer_workers > req.world_size:
+            raise WeightsError(
+                f"ranks {req.rank_offset}..{req.rank_offset + rx.transfer_workers - 1} of this replica's "
+                f"{rx.transfer_workers} workers do not fit a group of {req.world_size}"
+            )
+        async with self._swap_lock:
+            await rx.init_weight_transfer(req.model_dump(exclude={"schema_version"}))
+        log.info(
+            "joined NCCL weight-transfer group master=%s:%d rank_offset=%d world_size=%d",
+            req.master_address, req.master_port, req.rank_offset, req.world_size,
+        )  # fmt: skip
+        return self.weight_transfer_info()
+
+    async def receive_weights(self, req: WeightTransferUpdate) -> WeightUpdateResponse:
+        """Check, then (unless ``dry_run``) receive ``req.version`` over NCCL between requests.
+
+        A refused update raises :class:`WeightsError` (-> 400) with the old weights serving; a
+        transfer that fails after it started leaves no version serving: this replica reports the
+        error in /health and stops serving (:class:`WeightTransferError` -> 502).
+        """
+        rx = self._receiver()
+        t0 = time.perf_counter()
+        async with self._swap_lock:
+            try:
+                if req.version <= self.engine.version:
+                    raise WeightsError(
+                        f"version {req.version} is not newer than serving {self.engine.version}"
+                    )
+                rx.check_transfer(req.names, req.shapes)
+            except (WeightsError, WeightLoadError) as e:
+                self.metrics.weight_rejects.inc()
+                log.warning("NCCL weight update rejected version=%d cause=%s", req.version, e)
+                raise WeightsError(str(e)) from e
+            if req.dry_run:
+                return WeightUpdateResponse(version=self.engine.version, load_s=0.0)
+            try:
+                async with self._gate.write():
+                    await rx.receive_weights(req.names, req.dtype_names, req.shapes, req.version)
+            except WeightTransferError as e:
+                self.load_error = str(e)
+                log.error("NCCL weight update failed version=%d cause=%s", req.version, e)
+                raise
+        load_s = time.perf_counter() - t0
+        self.metrics.weights_version.set(self.engine.version)
+        self.metrics.swap_seconds.observe(load_s)
+        log.info("weights received over NCCL version=%d step=%d load_s=%.3f", req.version, req.step, load_s)
         return WeightUpdateResponse(version=self.engine.version, load_s=load_s)
 
     def pause(self) -> None:

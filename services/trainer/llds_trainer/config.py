@@ -42,7 +42,15 @@ class TrainerConfig(ServiceSettings):
     notify_urls: list[str] = Field(default_factory=list)
     """Rollout base URLs notified of each new version, besides those in ``llds:rollout:replicas``."""
     notify_timeout_s: float = Field(default=30.0, gt=0)
-    """Timeout of one ``POST /admin/weights``."""
+    """Timeout of one ``POST /admin/weights`` (or of one NCCL weight-transfer call to a replica)."""
+    weight_sync: Literal["filesystem", "nccl"] = "filesystem"
+    """How rollouts get each version: ``filesystem`` (published folder + ``POST /admin/weights``) or
+    ``nccl`` (vLLM's NCCL broadcast from the trainer's GPU; needs CUDA, vLLM, and rollouts started
+    with ``engine.weight_transfer = "nccl"``)."""
+    nccl_master_address: str = Field(default="127.0.0.1", min_length=1)
+    """Trainer host as the rollout replicas reach it: the NCCL group's rendezvous (``weight_sync = nccl``)."""
+    nccl_master_port: int = Field(default=29600, ge=1, le=65535)
+    """TCP port the trainer opens for that rendezvous."""
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; ``auto`` = CUDA when available."""
     dtype: Literal["float32", "bfloat16"] = "float32"
@@ -171,4 +179,6 @@ class TrainerConfig(ServiceSettings):
             raise ValueError("clip_eps must be < 1")
         if self.dtype == "bfloat16" and self.device == "cpu":
             raise ValueError("dtype bfloat16 needs a GPU; use float32 on the CPU")
+        if self.weight_sync == "nccl" and self.device == "cpu":
+            raise ValueError("weight_sync = 'nccl' needs the trainer on a GPU (NCCL is CUDA-only)")
         return self

@@ -8,7 +8,8 @@ Ordering is what makes a kill -9 at any point safe (see :mod:`llds_trainer.queue
    version its weights are published as; checkpoint (atomic rename) every ``checkpoint_every`` steps
    and on every publishing step;
 4. acknowledge the groups the checkpoint covers;
-5. publish the folder (marker last), set ``llds:trainer:version``, notify the rollout replicas.
+5. publish the folder (marker last), set ``llds:trainer:version``, notify the rollout replicas
+   (``weight_sync = "nccl"``: no folder; the weights go to the replicas over NCCL, :mod:`llds_trainer.nccl_sync`).
 
 On restart: load the newest checkpoint, cut ``train_log.jsonl`` back to its step, and finish a
 publish that the crash interrupted (the checkpoint's weights are exactly that version's).
@@ -59,6 +60,7 @@ class TrainerService:
         self.completed_step = 0
         self.run_dir = Path(cfg.run_dir)
         self.writers: list[Any] = []
+        self._nccl: Any = None
 
     # ------------------------------------------------------------------ setup
     def setup(self) -> None:
@@ -74,6 +76,10 @@ class TrainerService:
         from llds_trainer.queue import StreamQueue
 
         dist = DistContext.from_env(resolve_device(self.cfg.device))
+        if self.cfg.weight_sync == "nccl" and dist.is_main:
+            from llds_trainer.nccl_sync import require_nccl
+
+            require_nccl()  # before the model loads: a missing GPU or vLLM fails in seconds
         self.trainer = Trainer(self.cfg, dist)
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model)
         if dist.is_main:
@@ -253,7 +259,8 @@ class TrainerService:
         from llds_trainer.publish import is_published, notify_replicas, publish_folder, version_dir_name
 
         t = time.perf_counter()
-        if not is_published(self.cfg.weights_root, version):
+        # With NCCL the weights travel GPU to GPU; the checkpoint already holds this version.
+        if self.cfg.weight_sync == "filesystem" and not is_published(self.cfg.weights_root, version):
             path = publish_folder(
                 self.trainer.model,
                 self.tokenizer,
@@ -271,8 +278,23 @@ class TrainerService:
             u = u.decode() if isinstance(u, bytes) else str(u)
             if u not in urls:
                 urls.append(u)
-        notice = WeightUpdateNotice(version=version, path=version_dir_name(version), step=step)
-        for res in notify_replicas(urls, notice, self.admin_token, self.cfg.notify_timeout_s):
+        if self.cfg.weight_sync == "nccl":
+            if self._nccl is None:
+                from llds_trainer.nccl_sync import NCCLWeightSync
+
+                self._nccl = NCCLWeightSync(
+                    self.trainer.model,
+                    master_address=self.cfg.nccl_master_address,
+                    master_port=self.cfg.nccl_master_port,
+                    token=self.admin_token,
+                    timeout_s=self.cfg.notify_timeout_s,
+                )
+            results = self._nccl.deliver(urls, version, step)
+            self.metrics.publish_seconds.set(time.perf_counter() - t)
+        else:
+            notice = WeightUpdateNotice(version=version, path=version_dir_name(version), step=step)
+            results = notify_replicas(urls, notice, self.admin_token, self.cfg.notify_timeout_s)
+        for res in results:
             if not res.ok:
                 self.metrics.notify_failures.inc()
 

