@@ -19,6 +19,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
+import math
+import os
 import random
 import shutil
 import sys
@@ -50,6 +53,43 @@ def make_plans(n: int, max_turns: int, lo: int, hi: int, seed: int) -> list[Plan
     return [Plan([rng.randint(lo, hi) for _ in range(rng.randint(0, max_turns) + 1)]) for _ in range(n)]
 
 
+def tok_s_at(scaling: dict[int, float], n: int) -> float:
+    """Engine tokens/s with ``n`` sequences decoding, interpolated (linear in log n) between the
+    measured points and held flat outside them."""
+    pts = sorted(scaling.items())
+    if n <= pts[0][0]:
+        return pts[0][1]
+    for (a, va), (b, vb) in itertools.pairwise(pts):
+        if n <= b:
+            w = (math.log(n) - math.log(a)) / (math.log(b) - math.log(a))
+            return va + w * (vb - va)
+    return pts[-1][1]
+
+
+def ideal_speedup(plans: list[Plan], concurrency: int, scaling: dict[int, float], latency_s: float) -> float:
+    """Async / sync speed-up a perfect implementation of each loop would get on an engine whose
+    throughput at each batch size is ``scaling`` (prefill ignored).
+
+    sync: per batch and turn, decode steps while sequences finish one by one (each step costs
+    ``n / tok_s(n)`` for ``n`` live sequences), then one retrieval; async: every token at the
+    throughput of ``concurrency`` sequences, retrieval hidden.
+    """
+    sync_s = 0.0
+    for start in range(0, len(plans), concurrency):
+        batch = plans[start : start + concurrency]
+        for turn in range(max(len(p.tokens) for p in batch)):
+            budgets = sorted(p.tokens[turn] for p in batch if turn < len(p.tokens))
+            done = 0
+            for i, b in enumerate(budgets):  # steps done..b run with len(budgets) - i sequences
+                n = len(budgets) - i
+                sync_s += (b - done) * n / tok_s_at(scaling, n)
+                done = b
+            if any(turn < len(p.tokens) - 1 for p in batch):
+                sync_s += latency_s
+    tokens = sum(sum(p.tokens) for p in plans)
+    return sync_s / (tokens / tok_s_at(scaling, concurrency))
+
+
 def retriever_app(latency_s: float) -> Any:
     """A /retrieve that sleeps ``latency_s`` per request, then returns fixed documents."""
     from fastapi import FastAPI
@@ -77,13 +117,13 @@ class Workload:
         self.prompt = prompt_ids(tokenizer, QUESTION)
         self.obs = observation_ids(tokenizer, DOCS, obs_tokens)
         self.failed = 0
-        self.requests: list[tuple[int, int]] = []
-        """(context length, max tokens) of every generation, to replay for plain throughput."""
+        self.requests: list[tuple[list[int], int]] = []
+        """(context ids, max tokens) of every generation, to replay for plain throughput."""
 
     async def _gen(self, ctx: list[int], n: int) -> list[int]:
         from llds_rollout.engine.base import GenerationRequest
 
-        self.requests.append((len(ctx), n))
+        self.requests.append((list(ctx), n))
         try:
             res = await self.engine.generate(GenerationRequest(ctx, max_tokens=n, temperature=1.0))
         except Exception:
@@ -147,13 +187,14 @@ class Workload:
                             ctxs[i] += self.obs
             return time.perf_counter() - t0, total
 
-    async def run_plain(self, requests: list[tuple[int, int]], concurrency: int) -> tuple[float, int]:
-        """The same generations (context length, token budget) with no agent loop around them, at
-        most ``concurrency`` at once: the engine's own throughput under the same load."""
+    async def run_plain(self, requests: list[tuple[list[int], int]], concurrency: int) -> tuple[float, int]:
+        """The same generations (the same contexts, the same token budgets, in the same order) with no
+        agent loop around them, at most ``concurrency`` at once, after the prefix cache is cleared:
+        the engine's own throughput on the rollout's work."""
         from llds_rollout.engine.base import GenerationRequest
 
-        filler = (self.prompt + self.obs) * 64
-        todo = iter([GenerationRequest(filler[:c], max_tokens=n, temperature=1.0) for c, n in requests])
+        await self.engine.reset_cache()
+        todo = iter([GenerationRequest(ctx, max_tokens=n, temperature=1.0) for ctx, n in requests])
         total = 0
 
         async def worker() -> None:
@@ -184,6 +225,12 @@ def _publish_copy(model_dir: Path, root: Path, version: int) -> Path:
         save_file(tensors, str(folder / st.name))
     write_marker(folder, version)
     return folder
+
+
+def _has_gpu() -> bool:
+    import torch
+
+    return bool(torch.cuda.is_available())
 
 
 def _build_engine(args: argparse.Namespace, model: str) -> Any:
@@ -255,10 +302,10 @@ def main(argv: list[str]) -> int:
     engine = _build_engine(args, str(model_dir))
     engine.start()
     start_s = time.perf_counter() - t0
-    rows: dict[str, Any] = {"engine_start_s": start_s}
+    rows: dict[str, Any] = {"engine_start_s": start_s, "load": os.getloadavg()[0], "gpu": _has_gpu()}
     with BackgroundServer(retriever_app(args.latency_ms / 1000)) as srv:
         work = Workload(engine, tok, srv.url, args.obs_tokens)
-        asyncio.run(work.run_plain([(len(work.prompt), 8)] * 4, 4))  # warm-up (vLLM compiles here)
+        asyncio.run(work.run_plain([(work.prompt, 8)] * 4, 4))  # warm-up (vLLM compiles here)
         best: dict[str, tuple[float, int]] = {}
         for rep in range(args.repeats):
             for mode in ("sync", "async"):
@@ -274,6 +321,14 @@ def main(argv: list[str]) -> int:
                     replay = list(work.requests)
         plain_wall, plain_toks = asyncio.run(work.run_plain(replay, args.concurrency))
         print(f"[bench] plain generation: {plain_toks / plain_wall:.1f} tok/s", flush=True)
+        # How the engine's throughput grows with the batch: what any batching or overlap can win.
+        scaling = {}
+        for c in sorted({1, 4, args.concurrency}):
+            first = replay[: max(16, 6 * c)]
+            wall, toks = asyncio.run(work.run_plain(first, c))
+            scaling[c] = toks / wall
+            print(f"[bench] plain generation, {c} at once: {scaling[c]:.1f} tok/s", flush=True)
+        rows["scaling"] = scaling
         rows.update(
             sync_tps=len(plans) / best["sync"][0],
             async_tps=len(plans) / best["async"][0],
@@ -293,9 +348,7 @@ def main(argv: list[str]) -> int:
                 engine = _build_engine(args, str(folder))
                 engine.start()
                 asyncio.run(
-                    work.__class__(engine, tok, srv.url, args.obs_tokens).run_plain(
-                        [(len(work.prompt), 1)], 1
-                    )
+                    work.__class__(engine, tok, srv.url, args.obs_tokens).run_plain([(work.prompt, 1)], 1)
                 )
                 rows["restart_s"] = time.perf_counter() - t0
                 print(f"[bench] restart {rows['restart_s']:.2f} s", flush=True)
@@ -324,6 +377,15 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
         f"Workload: {len(plans)} trajectories, {args.concurrency} in flight (async) or per batch (sync), "
         f"{turns:.2f} turns each on average, {args.tokens.replace(',', '-')} "
         f"tokens per turn, {args.obs_tokens}-token observations, retriever latency {args.latency_ms:g} ms.",
+        f"Machine: {os.cpu_count()} CPU cores, load average {r.get('load', 0.0):.2f} at the start; "
+        f"{'GPU' if r.get('gpu') else 'no GPU'}.",
+        "",
+        "The ideal speed-ups model each loop done perfectly (prefill ignored): the synchronous loop's "
+        "decode steps run with fewer and fewer live sequences as a turn's shorter ones finish, each step "
+        "costing what the measured batch scaling says; the asynchronous loop keeps the engine at "
+        f"{args.concurrency} sequences. An engine whose throughput barely grows with the batch leaves "
+        "little for asynchrony to win; one whose step time is flat in the batch (a GPU at these sizes) "
+        "leaves the second figure.",
         "",
         "| metric | value | target |",
         "|---|---|---|",
@@ -334,6 +396,25 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
         f"| plain generation tokens/s, same requests, same concurrency | {r['plain_tok_s']:.1f} | |",
         f"| engine utilisation (async / plain) | {100 * r['async_tok_s'] / r['plain_tok_s']:.0f}% | >= 80% |",
         f"| engine start | {r['engine_start_s']:.1f} s | |",
+    ]
+    ideal = ideal_speedup(plans, args.concurrency, r["scaling"], args.latency_ms / 1000)
+    measured = r["async_tps"] / r["sync_tps"]
+    lines.insert(
+        lines.index(next(x for x in lines if x.startswith("| speed-up async / sync"))) + 1,
+        f"| ideal speed-up on this engine (from its batch scaling below) | {ideal:.2f}x; measured = "
+        f"{100 * measured / ideal:.0f}% of it | |",
+    )
+    c1 = r["scaling"][min(r["scaling"])]
+    linear = {n: c1 * n for n in r["scaling"]}
+    lines.insert(
+        lines.index(next(x for x in lines if x.startswith("| ideal speed-up on this engine"))) + 1,
+        f"| ideal speed-up if throughput grew linearly with the batch (GPU-like; a model, not a "
+        f"measurement) | {ideal_speedup(plans, args.concurrency, linear, args.latency_ms / 1000):.2f}x | |",
+    )
+    base = r["scaling"][min(r["scaling"])]
+    lines += [
+        f"| plain generation tokens/s with {c} request(s) at once | {v:.1f} ({v / base:.1f}x one at a time) | |"
+        for c, v in sorted(r["scaling"].items())
     ]
     if "swap_s" in r:
         lines += [

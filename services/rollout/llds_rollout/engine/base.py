@@ -96,6 +96,10 @@ class Engine(abc.ABC):
         """Backend counters for /health and benchmarks."""
         return {}
 
+    async def reset_cache(self) -> None:
+        """Drop cached prefixes (benchmarks start from a cold cache); no-op without a prefix cache."""
+        return None
+
     @property
     def openai_asgi(self) -> Any:
         """ASGI callable serving the OpenAI-compatible ``/v1/`` routes, or None (not offered by

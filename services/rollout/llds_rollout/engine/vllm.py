@@ -166,6 +166,12 @@ class VLLMEngine(Engine):
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
 
+    async def reset_cache(self) -> None:
+        async def reset() -> None:
+            await self.llm.reset_prefix_cache()
+
+        await self._bridge(reset())
+
     @property
     def openai_asgi(self) -> Any:
         if self._openai is None or not self._ready or self._loop is None:
