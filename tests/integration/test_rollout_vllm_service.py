@@ -85,6 +85,20 @@ def test_v1_models_and_completions(service: Any) -> None:
     assert r.json()["usage"]["completion_tokens"] <= 6
 
 
+def test_metrics_serve_ours_and_vllms(service: Any) -> None:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    url = service[0]
+    body = {"model": SERVED, "prompt": "metrics", "max_tokens": 4}
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code == 200
+    text = httpx.get(f"{url}/metrics", timeout=30).text
+    names = [f.name for f in text_string_to_metric_families(text)]  # parses: valid exposition
+    assert len(names) == len(set(names)), "a metric family appears twice"
+    assert "llds_rollout_weights_version" in names
+    assert any(n.startswith("vllm:generation_tokens") for n in names), [n for n in names if "vllm" in n]
+    assert "vllm:num_requests_running" in names
+
+
 def test_v1_chat_streams_server_sent_events(service: Any) -> None:
     url = service[0]
     chat = {

@@ -161,7 +161,9 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
 
     @app.get("/metrics")
     async def metrics() -> Response:
-        return Response(service.metrics.render(), media_type=CONTENT_TYPE_LATEST)
+        return Response(
+            service.metrics.render() + service.engine.metrics_text(), media_type=CONTENT_TYPE_LATEST
+        )
 
     @app.post("/answer", response_model=AnswerResponse)
     async def answer(req: AnswerRequest) -> AnswerResponse:

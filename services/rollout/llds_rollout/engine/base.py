@@ -96,6 +96,11 @@ class Engine(abc.ABC):
         """Backend counters for /health and benchmarks."""
         return {}
 
+    def metrics_text(self) -> bytes:
+        """The backend's own Prometheus metrics (exposition text) served after the service's on
+        ``/metrics``; empty when it has none."""
+        return b""
+
     async def reset_cache(self) -> None:
         """Drop cached prefixes (benchmarks start from a cold cache); no-op without a prefix cache."""
         return None

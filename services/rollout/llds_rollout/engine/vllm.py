@@ -128,7 +128,7 @@ class VLLMEngine(Engine):
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
             gpu_memory_utilization=s.vllm_gpu_memory_utilization,
-            disable_log_stats=True,
+            disable_log_stats=False,  # vLLM's Prometheus metrics (vllm:*), served on /metrics
             worker_extension_cls="llds_rollout.engine.vllm_worker.WorkerExtension",
             weight_transfer_config=weight_transfer_config(s),
         )
@@ -165,6 +165,19 @@ class VLLMEngine(Engine):
 
     def stats(self) -> dict[str, float]:
         return dict(self._stats)
+
+    def metrics_text(self) -> bytes:
+        """vLLM's ``vllm:*`` metrics from this process's default registry (where its Prometheus stat
+        logger registers them), without the default registry's other collectors."""
+        from prometheus_client import REGISTRY, CollectorRegistry, generate_latest
+
+        class _VLLMOnly:
+            def collect(self) -> list[Any]:
+                return [m for m in REGISTRY.collect() if m.name.startswith("vllm:")]
+
+        registry = CollectorRegistry(auto_describe=False)
+        registry.register(_VLLMOnly())  # type: ignore[arg-type]
+        return generate_latest(registry)
 
     async def reset_cache(self) -> None:
         async def reset() -> None:
