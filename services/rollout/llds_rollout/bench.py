@@ -370,7 +370,7 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
          f"--repeats {args.repeats}"]
     )  # fmt: skip
     lines = [
-        f"## Rollout benchmark ({args.engine} backend)",
+        f"# Rollout benchmark ({args.engine} backend)",
         "",
         f"Command: `{cmd}`",
         "",
