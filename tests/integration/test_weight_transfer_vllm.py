@@ -20,7 +20,7 @@ import copy
 import importlib.util
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
@@ -29,11 +29,12 @@ from typing import Any
 import httpx
 import pytest
 import torch
+from transfer_fakes import Receiver
 
 from llds_proto.messages import WeightTransferInit, WeightTransferUpdate
 from llds_rollout.app import create_app
 from llds_rollout.config import EngineSettings, RolloutSettings
-from llds_rollout.engine.base import Engine, EngineError, GenerationRequest, GenerationResult, WeightLoadError
+from llds_rollout.engine.base import EngineError, GenerationRequest, GenerationResult, WeightLoadError
 from llds_rollout.engine.transfer import WeightTransferError
 from llds_rollout.serving import BackgroundServer
 
@@ -133,51 +134,6 @@ def test_weight_source_declares_what_it_yields(model: Any) -> None:
 
 
 # ---------------------------------------------------------------------------- the trainer's end, driven by vLLM
-
-
-class Receiver(Engine):
-    """A rollout engine that pretends to receive over NCCL and checks names/shapes like vLLM's engine."""
-
-    def __init__(self, workers: int, spec: dict[str, tuple[int, ...]]) -> None:
-        super().__init__()
-        self.workers, self.spec = workers, spec
-        self.inits: list[dict[str, Any]] = []
-        self.received: list[int] = []
-
-    @property
-    def ready(self) -> bool:
-        return True
-
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        raise AssertionError("not used")
-
-    async def update_weights(self, tensors: Any, folder: Path, version: int) -> None:
-        raise AssertionError("not used")
-
-    @property
-    def transfer_enabled(self) -> bool:
-        return True
-
-    @property
-    def transfer_workers(self) -> int:
-        return self.workers
-
-    async def init_weight_transfer(self, init_info: Any) -> None:
-        self.inits.append(dict(init_info))
-
-    def check_transfer(self, names: Sequence[str], shapes: Sequence[Sequence[int]]) -> None:
-        if {n: tuple(s) for n, s in zip(names, shapes, strict=True)} != self.spec:
-            raise WeightLoadError("checkpoint does not match the served model's tensors")
-
-    async def receive_weights(self, names: Any, dtype_names: Any, shapes: Any, version: int) -> None:
-        self.received.append(version)
-        self._version = version
 
 
 @pytest.fixture()

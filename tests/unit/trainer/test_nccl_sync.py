@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from contextlib import ExitStack
 from pathlib import Path
 from types import SimpleNamespace
@@ -22,11 +22,12 @@ import pytest
 import torch
 from pydantic import ValidationError
 from safetensors.torch import load_file
+from transfer_fakes import Receiver
 
 from llds_proto import streams
 from llds_rollout.app import create_app
 from llds_rollout.config import EngineSettings, RolloutSettings
-from llds_rollout.engine.base import Engine, GenerationRequest, GenerationResult, WeightLoadError
+from llds_rollout.engine.base import Engine
 from llds_rollout.serving import BackgroundServer, free_port
 from llds_trainer.config import TrainerConfig
 from llds_trainer.nccl_sync import NCCLSyncError, ReplicaSyncClient, published_state, require_nccl
@@ -35,6 +36,7 @@ from llds_trainer.publish import NotifyResult, publish_folder
 TOKEN = "sync-token"
 NAMES = ["model.embed_tokens.weight", "model.norm.weight"]
 SHAPES = [[8, 4], [4]]
+SPEC = {n: tuple(s) for n, s in zip(NAMES, SHAPES, strict=True)}
 EXPECTED = {"names": NAMES, "dtype_names": ["float32", "float32"], "shapes": SHAPES}
 PAYLOAD = {
     "master_address": "10.1.2.3",
@@ -99,53 +101,6 @@ def test_sends_exactly_the_published_folders_tensors(
 # ---------------------------------------------------------------------------- the replica client
 
 
-class Receiver(Engine):
-    """A rollout engine that pretends to receive over NCCL: records inits, checks and receives."""
-
-    def __init__(self, workers: int) -> None:
-        super().__init__()
-        self.workers = workers
-        self.inits: list[dict[str, Any]] = []
-        self.checks: list[list[str]] = []
-        self.received: list[int] = []
-
-    @property
-    def ready(self) -> bool:
-        return True
-
-    def start(self) -> None:
-        pass
-
-    def shutdown(self) -> None:
-        pass
-
-    async def generate(self, request: GenerationRequest) -> GenerationResult:
-        raise AssertionError("not used")
-
-    async def update_weights(self, tensors: Any, folder: Path, version: int) -> None:
-        raise AssertionError("not used")
-
-    @property
-    def transfer_enabled(self) -> bool:
-        return True
-
-    @property
-    def transfer_workers(self) -> int:
-        return self.workers
-
-    async def init_weight_transfer(self, init_info: Any) -> None:
-        self.inits.append(dict(init_info))
-
-    def check_transfer(self, names: Sequence[str], shapes: Sequence[Sequence[int]]) -> None:
-        self.checks.append(list(names))
-        if [list(s) for s in shapes] != SHAPES:
-            raise WeightLoadError("checkpoint does not match the served model's tensors")
-
-    async def receive_weights(self, names: Any, dtype_names: Any, shapes: Any, version: int) -> None:
-        self.received.append(version)
-        self._version = version
-
-
 class FolderOnly(Receiver):
     """A replica started with engine.weight_transfer = 'filesystem'."""
 
@@ -172,7 +127,7 @@ def _replica(stack: ExitStack, model: Path, engine: Engine, nccl: bool = True) -
 @pytest.fixture()
 def replicas(tiny_model_dir: Path) -> Iterator[list[tuple[str, Receiver]]]:
     with ExitStack() as stack:
-        engines = [Receiver(1), Receiver(2)]
+        engines = [Receiver(1, SPEC), Receiver(2, SPEC)]
         yield [(_replica(stack, tiny_model_dir, e), e) for e in engines]
 
 
@@ -229,7 +184,7 @@ def test_fan_out_errors_name_the_replica(replicas: list[tuple[str, Receiver]]) -
 @pytest.mark.integration
 def test_a_replica_started_for_folders_is_refused_at_discovery(tiny_model_dir: Path) -> None:
     with ExitStack() as stack:
-        url = _replica(stack, tiny_model_dir, FolderOnly(1), nccl=False)
+        url = _replica(stack, tiny_model_dir, FolderOnly(1, SPEC), nccl=False)
         with pytest.raises(NCCLSyncError, match=r"HTTP 409.*engine.weight_transfer = 'nccl'"):
             ReplicaSyncClient([url], TOKEN, timeout_s=10).discover()
 
