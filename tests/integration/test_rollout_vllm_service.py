@@ -132,7 +132,8 @@ def test_v1_bad_requests_get_vllm_4xx(service: Any) -> None:
 @pytest.mark.parametrize(
     "path",
     ["/pause", "/resume", "/is_paused", "/collective_rpc", "/reset_prefix_cache", "/sleep", "/wake_up",
-     "/tokenize", "/version", "/invocations", "/ping", "/update_weights", "/init_weight_transfer_engine"],
+     "/tokenize", "/version", "/invocations", "/ping", "/update_weights", "/init_weight_transfer_engine",
+     "/v1/load_lora_adapter", "/v1/unload_lora_adapter"],
 )  # fmt: skip
 def test_vllm_dev_and_control_routes_are_not_exposed(service: Any, path: str) -> None:
     url = service[0]

@@ -74,7 +74,8 @@ def test_v1_is_404_naming_the_setting_without_it(engine_type: str, over: dict[st
 @pytest.mark.parametrize(
     ("path", "kept"),
     [("/v1/chat/completions", True), ("/v1/models", True), ("/pause", False), ("/collective_rpc", False),
-     ("/health", False), ("/metrics", False), ("/v1", False), ("/tokenize", False)],
+     ("/health", False), ("/metrics", False), ("/v1", False), ("/tokenize", False),
+     ("/v1/load_lora_adapter", False), ("/v1/unload_lora_adapter", False)],
 )  # fmt: skip
 def test_only_v1_routes_of_vllm_are_kept(path: str, kept: bool) -> None:
     assert keeps(path) is kept

@@ -16,11 +16,13 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 PREFIX = "/v1/"
+CONTROL = ("/v1/load_lora_adapter", "/v1/unload_lora_adapter")
+"""Control routes vLLM puts under ``/v1/`` (only with ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``); never served."""
 
 
 def keeps(path: str) -> bool:
-    """Whether a vLLM route is served: the OpenAI-compatible ``/v1/`` surface only."""
-    return path.startswith(PREFIX)
+    """Whether a vLLM route is served: the OpenAI-compatible ``/v1/`` inference surface only."""
+    return path.startswith(PREFIX) and path not in CONTROL
 
 
 async def build_openai_app(llm: Any, model: str, served_name: str) -> ASGIApp:
