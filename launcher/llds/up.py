@@ -123,7 +123,17 @@ def ensure_warmstart(seed: int) -> Path:
         print("format warm-start: fine-tuning SmolLM2 on protocol demonstrations (once, cached)", flush=True)
         base = assets.smollm2_dir()
         run_tool(
-            ["warmstart", "--model", str(base), "--world", str(ensure_world(seed)), "--out", str(policy)]
+            [
+                "warmstart",
+                "--model",
+                str(base),
+                "--world",
+                str(ensure_world(seed)),
+                "--out",
+                str(policy),
+                "--max-examples",
+                str(WARMSTART_EXAMPLES),
+            ]
         )
     return policy
 

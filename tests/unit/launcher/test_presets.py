@@ -56,3 +56,23 @@ def test_up_stops_early_when_the_rollout_needs_vllm_and_none_is_there(
     )
     monkeypatch.setattr(cli, "vllm_python", lambda: "/some/python")
     assert up.check_engine() == "vllm"
+
+
+def test_warmstart_uses_the_measured_number_of_demonstrations(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """The cached policy every figure in README.md was measured with: 160 demonstrations, not the whole
+    train split (4x longer)."""
+    from llds import assets, up
+
+    calls: list[list[str]] = []
+    monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
+    monkeypatch.setattr(assets, "smollm2_dir", lambda: tmp_path / "base")
+    monkeypatch.setattr(up, "ensure_world", lambda seed: tmp_path / "world")
+    monkeypatch.setattr(up, "run_tool", calls.append)
+    up.ensure_warmstart(0)
+    (argv,) = calls
+    assert (
+        argv[0] == "warmstart"
+        and argv[argv.index("--max-examples") + 1] == str(up.WARMSTART_EXAMPLES) == "160"
+    )
