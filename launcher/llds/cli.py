@@ -110,7 +110,7 @@ def _maybe_reexec(argv: list[str]) -> None:
     engine fails to start with a message saying how to get one)."""
     if tuple(argv[:2]) not in ENGINE_ROUTES and tuple(argv[:1]) not in ENGINE_ROUTES:
         return
-    if os.environ.get(_REEXEC_ENV) or importlib.util.find_spec("vllm") is not None:
+    if os.environ.get(_REEXEC_ENV):
         return
     if any(
         a == "--engine=transformers" or (a == "--engine" and b == "transformers")
@@ -118,7 +118,7 @@ def _maybe_reexec(argv: list[str]) -> None:
     ):
         return  # asked for the light backend: stay in this environment
     py = vllm_python()
-    if py is None:
+    if py is None or py == sys.executable:  # none anywhere, or vLLM is importable here already
         return
     os.environ[_REEXEC_ENV] = "1"
     os.execv(py, [py, "-m", "llds.cli", *argv])

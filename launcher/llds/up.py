@@ -192,12 +192,12 @@ class Up:
     def check_engine(self) -> str:
         """The rollout config's engine type; for vLLM, fail now (not after minutes of preparation)
         when no interpreter with vLLM is there."""
-        import tomllib
-
         from llds.cli import vllm_python
+        from llds_rollout.config import RolloutSettings
 
         path = self._config("rollout", self.cfg.rollout_config)
-        kind = str(tomllib.loads(path.read_text()).get("engine", {}).get("type", "vllm"))
+        # As the rollout will resolve it: its defaults < the TOML < LLDS_ROLLOUT_* (inherited).
+        kind = RolloutSettings.load(path, {"train": False}).engine.type
         if kind == "vllm" and vllm_python() is None:
             raise ConfigError(
                 f"{path} runs the rollout on vLLM, which is not installed: `make vllm-env` builds "
@@ -381,7 +381,7 @@ def main(argv: list[str] | None = None) -> int:
     up = Up(cfg)
     try:
         print(f"rollout engine: {up.check_engine()}", flush=True)
-    except ConfigError as e:
+    except ValueError as e:  # ConfigError, or the rollout config failing validation
         print(f"llds up: {e}", file=sys.stderr)
         return 2
     # SIGTERM (e.g. from a test or a container runtime) takes the same path as Ctrl-C.
