@@ -186,6 +186,42 @@ class WeightUpdateResponse(BaseModel):
     """Wire-contract version."""
 
 
+class TrainerInfo(BaseModel):
+    """What the trainer tells the rollouts through Redis (``RunKeys.trainer_info``), refreshed on start
+    and after every step: how fast it consumes groups, so that a replica starts a group only when the
+    trainer will train it within ``staleness_k`` versions (admission control)."""
+
+    run_id: str
+    """Run this trainer trains."""
+    version: int = Field(ge=0)
+    """Newest published policy version."""
+    step: int = Field(ge=0)
+    """Last completed RL step."""
+    groups_per_step: int = Field(ge=1)
+    """Groups consumed per RL step."""
+    publish_every: int = Field(ge=1)
+    """Steps between two published versions."""
+    staleness_k: int = Field(ge=0)
+    """Largest version lag of a group the trainer accepts."""
+    trained_unacked: int = Field(default=0, ge=0)
+    """Entries trained on but still pending (acknowledged at the next checkpoint): not queued work."""
+    schema_version: int = SCHEMA_VERSION
+    """Wire-contract version."""
+
+    def capacity(self, lag: int) -> int:
+        """Groups that may be queued or in flight (all replicas) with the engine ``lag`` versions behind.
+
+        The group admitted last waits behind all the others: with Q ahead of it, it is trained in the
+        s-th next step, s = ``ceil((Q + 1) / groups_per_step)``, after at most ``ceil((s - 1) /
+        publish_every)`` more versions; that must not exceed ``staleness_k - lag``, so
+        ``Q + 1 <= groups_per_step * ((staleness_k - lag) * publish_every + 1)``.
+        """
+        budget = self.staleness_k - lag
+        if budget < 0:
+            return 0
+        return self.groups_per_step * (budget * self.publish_every + 1)
+
+
 # --------------------------------------------------------------------------------------------
 # Trainer -> rollout: NCCL weight transfer (vLLM on GPUs; the fields mirror vLLM's NCCL payloads)
 # --------------------------------------------------------------------------------------------
@@ -384,8 +420,19 @@ class TrajectoryGroup(BaseModel):
     """Unix time the group finished."""
     producer: str = ""
     """Rollout replica that produced it."""
+    run_id: str = ""
+    """Run the group was sampled for; a trainer rejects groups of another run."""
 
     @property
     def min_version(self) -> int:
-        """Oldest policy version in the group."""
-        return min(t.min_version for t in self.trajectories)
+        """Oldest policy version that sampled any token of the group; -1 if none sampled any.
+
+        Trajectories without a sampled token are left out: they must not hide the age of the others.
+        """
+        sampled = [t.min_version for t in self.trajectories if t.min_version >= 0]
+        return min(sampled) if sampled else -1
+
+    @property
+    def max_version(self) -> int:
+        """Newest policy version that sampled any token of the group; -1 if none sampled any."""
+        return max((v for t in self.trajectories for v, m in zip(t.versions, t.loss_mask) if m), default=-1)

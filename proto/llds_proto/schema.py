@@ -28,6 +28,7 @@ MODELS: dict[str, type[BaseModel]] = {
     "weight_transfer_info": messages.WeightTransferInfo,
     "health_response": messages.HealthResponse,
     "trajectory_group": messages.TrajectoryGroup,
+    "trainer_info": messages.TrainerInfo,
 }
 
 

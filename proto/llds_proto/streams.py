@@ -1,7 +1,21 @@
-"""Redis names shared by the rollout (producer) and the trainer (consumer)."""
+"""Redis names shared by the rollout (producer) and the trainer (consumer).
 
-TRAJECTORY_STREAM = "llds:trajectories"
-"""Stream of finished trajectory groups; one entry per group, field ``group`` = codec bytes."""
+Every key carries the run's id (``llds:{run_id}:...``), so that two runs on one Redis (a restarted
+compose or Kubernetes deployment with a persistent Redis, or ``llds up`` twice) never read each
+other's groups, versions or replicas. Services get the id from their config (``run_id``);
+``llds up`` gives each run its own.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+DEFAULT_RUN_ID = "default"
+"""Run id of services started without one."""
+
+RUN_ID_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$"
+"""Allowed run ids: they become part of Redis keys, folder names and metric labels."""
 
 TRAINER_GROUP = "trainers"
 """Consumer group the trainer processes read the trajectory stream through."""
@@ -9,11 +23,51 @@ TRAINER_GROUP = "trainers"
 GROUP_FIELD = b"group"
 """Stream entry field holding the encoded group."""
 
-ROLLOUT_REGISTRY = "llds:rollout:replicas"
-"""Hash: rollout replica name -> its base URL, so the trainer can notify every replica."""
 
-TRAINER_VERSION_KEY = "llds:trainer:version"
-"""String: the newest policy version the trainer has published (rollout staleness control)."""
+class RunIdError(ValueError):
+    """A run id that cannot be part of a Redis key."""
 
-CONSUMED_KEY = "llds:trainer:consumed"
-"""Set of group ids the trainer has trained on (checkpointed too); guards against double training."""
+
+def check_run_id(run_id: str) -> str:
+    if not re.match(RUN_ID_PATTERN, run_id):
+        raise RunIdError(f"run id {run_id!r} must match {RUN_ID_PATTERN}")
+    return run_id
+
+
+@dataclass(frozen=True)
+class RunKeys:
+    """The Redis keys of one run."""
+
+    run_id: str = DEFAULT_RUN_ID
+
+    def __post_init__(self) -> None:
+        check_run_id(self.run_id)
+
+    @property
+    def stream(self) -> str:
+        """Stream of finished trajectory groups; one entry per group, field ``group`` = codec bytes."""
+        return f"llds:{self.run_id}:trajectories"
+
+    @property
+    def registry(self) -> str:
+        """Hash: rollout replica name -> its base URL, so the trainer can notify every replica."""
+        return f"llds:{self.run_id}:rollout:replicas"
+
+    @property
+    def in_flight(self) -> str:
+        """Hash: rollout replica name -> groups it is sampling now (admission across replicas)."""
+        return f"llds:{self.run_id}:rollout:in_flight"
+
+    @property
+    def trainer_version(self) -> str:
+        """String: the newest policy version the trainer has published (rollout staleness control)."""
+        return f"llds:{self.run_id}:trainer:version"
+
+    @property
+    def trainer_info(self) -> str:
+        """String: JSON :class:`llds_proto.messages.TrainerInfo`, what the rollout's admission needs."""
+        return f"llds:{self.run_id}:trainer:info"
+
+
+DEFAULT_KEYS = RunKeys()
+"""Keys of the default run (services started without a run id, and most tests)."""

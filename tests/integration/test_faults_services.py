@@ -72,7 +72,7 @@ def trainer_service(
 def audit_stream(r: redis.Redis, group_size: int) -> list[str]:
     """Every entry decodes to a whole group of ``group_size`` self-consistent trajectories; returns group ids."""
     ids = []
-    for eid, fields in r.xrange(streams.TRAJECTORY_STREAM):
+    for eid, fields in r.xrange(streams.DEFAULT_KEYS.stream):
         field = streams.GROUP_FIELD
         g = decode_group(fields[field if isinstance(field, bytes) else field.encode()])
         assert len(g.trajectories) == group_size, (eid, g.group_id)
@@ -105,7 +105,7 @@ def test_rollout_kill9_mid_generation_leaves_only_whole_groups(
     svc.start()
     try:
         svc.wait_healthy(url)
-        wait_for(lambda: r.xlen(streams.TRAJECTORY_STREAM) >= 2, 120, "two groups on the stream")
+        wait_for(lambda: r.xlen(streams.DEFAULT_KEYS.stream) >= 2, 120, "two groups on the stream")
 
         def generating() -> bool:
             text = httpx.get(f"{url}/metrics", timeout=2).text
@@ -115,7 +115,7 @@ def test_rollout_kill9_mid_generation_leaves_only_whole_groups(
         wait_for(generating, 30, "trajectories in flight", interval_s=0.01)
         svc.kill9()  # mid-generation: groups in flight are half done
         assert svc.proc is not None and svc.proc.returncode == -9
-        before = r.xlen(streams.TRAJECTORY_STREAM)
+        before = r.xlen(streams.DEFAULT_KEYS.stream)
         ids = audit_stream(r, group_size=2)  # rollout_tiny: G = 2
         assert len(ids) == before >= 2 and len(set(ids)) == len(ids)
         # a restarted replica produces again on the same stream; every entry is still whole
@@ -123,7 +123,7 @@ def test_rollout_kill9_mid_generation_leaves_only_whole_groups(
         svc2.start()
         try:
             svc2.wait_healthy(url2)
-            wait_for(lambda: r.xlen(streams.TRAJECTORY_STREAM) > before, 120, "groups after the restart")
+            wait_for(lambda: r.xlen(streams.DEFAULT_KEYS.stream) > before, 120, "groups after the restart")
         finally:
             assert svc2.stop() in (0, -15), svc2.log()  # uvicorn re-raises SIGTERM after a clean shutdown
         assert "Application shutdown complete" in svc2.log()
@@ -163,7 +163,7 @@ def test_retriever_down_10s_answer_503_then_recovers_without_restart(
             wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 200, 60, "rollout ready")
             ok = httpx.post(f"{srv.url}/answer", json={"question": QUESTION}, timeout=60)
             assert ok.status_code == 200 and ok.json()["turns"][0]["documents"], ok.text
-            wait_for(lambda: r.xlen(streams.TRAJECTORY_STREAM) >= 1, 60, "a group before the outage")
+            wait_for(lambda: r.xlen(streams.DEFAULT_KEYS.stream) >= 1, 60, "a group before the outage")
 
             ret.kill9()
             down_at = time.monotonic()
@@ -176,7 +176,7 @@ def test_retriever_down_10s_answer_503_then_recovers_without_restart(
             assert all("retriever unavailable" in a.json()["detail"] and "3 attempts" in a.json()["detail"]
                        for a in answers)  # fmt: skip
             assert httpx.get(f"{srv.url}/health").json()["status"] == "ok"  # degraded answers, live service
-            stalled = r.xlen(streams.TRAJECTORY_STREAM)
+            stalled = r.xlen(streams.DEFAULT_KEYS.stream)
             metrics = httpx.get(f"{srv.url}/metrics").text
             assert 'llds_rollout_groups_total{status="failed"}' in metrics
 
@@ -184,7 +184,7 @@ def test_retriever_down_10s_answer_503_then_recovers_without_restart(
             ret.wait_healthy(ret_url)
             back = httpx.post(f"{srv.url}/answer", json={"question": QUESTION}, timeout=60)
             assert back.status_code == 200 and back.json()["turns"][0]["documents"], back.text
-            wait_for(lambda: r.xlen(streams.TRAJECTORY_STREAM) > stalled, 60, "groups after the outage")
+            wait_for(lambda: r.xlen(streams.DEFAULT_KEYS.stream) > stalled, 60, "groups after the outage")
             print(f"outage {time.monotonic() - down_at:.1f} s, {len(answers)} answers refused with 503")
         audit_stream(r, group_size=2)
     finally:
@@ -213,27 +213,27 @@ def test_redis_restart_keeps_acknowledged_data_and_everyone_reconnects(
         wait_for(lambda: httpx.get(f"{trainer_url}/status").json()["step"] >= 1, 180, "trainer step 1")
 
         # graceful restart (SIGTERM: the append-only file is flushed): every entry survives
-        before = [e for e, _ in r.xrange(streams.TRAJECTORY_STREAM)]
-        group_before = r.xinfo_groups(streams.TRAJECTORY_STREAM)[0]
+        before = [e for e, _ in r.xrange(streams.DEFAULT_KEYS.stream)]
+        group_before = r.xinfo_groups(streams.DEFAULT_KEYS.stream)[0]
         server.stop()
         time.sleep(2.0)
         server.start()
-        after = {e for e, _ in r.xrange(streams.TRAJECTORY_STREAM)}
+        after = {e for e, _ in r.xrange(streams.DEFAULT_KEYS.stream)}
         assert set(before) <= after
-        group_after = r.xinfo_groups(streams.TRAJECTORY_STREAM)[0]
+        group_after = r.xinfo_groups(streams.DEFAULT_KEYS.stream)[0]
         assert group_after["last-delivered-id"] >= group_before["last-delivered-id"]
 
         # crash (SIGKILL): entries older than the 1 s fsync interval survive
-        older = [e for e, _ in r.xrange(streams.TRAJECTORY_STREAM)]
+        older = [e for e, _ in r.xrange(streams.DEFAULT_KEYS.stream)]
         time.sleep(2.5)
         server.kill()
         server.start()
-        assert set(older) <= {e for e, _ in r.xrange(streams.TRAJECTORY_STREAM)}
-        restarted_at = r.xrange(streams.TRAJECTORY_STREAM)[-1][0]
+        assert set(older) <= {e for e, _ in r.xrange(streams.DEFAULT_KEYS.stream)}
+        restarted_at = r.xrange(streams.DEFAULT_KEYS.stream)[-1][0]
 
         # producer and consumer reconnect by themselves: new groups arrive, the trainer finishes
         wait_for(
-            lambda: r.xrange(streams.TRAJECTORY_STREAM)[-1][0] > restarted_at, 120, "a group after restart"
+            lambda: r.xrange(streams.DEFAULT_KEYS.stream)[-1][0] > restarted_at, 120, "a group after restart"
         )
         assert trainer.proc is not None
         rc = trainer.proc.wait(240)
@@ -266,7 +266,7 @@ def test_checkpoint_disk_full_stops_with_a_clear_error_and_keeps_the_previous_ch
     r = redis.Redis.from_url(redis_url)
     groups = synthetic_groups(tokenizer, 3, 3, seed=11, think_words=3, doc_words=8)
     for g in groups:
-        r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: encode_group(g)})
+        r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: encode_group(g)})
 
     first, _ = trainer_service(tiny_model_dir, redis_url, tmp_path, steps=1, name="trainer-1")
     assert first.start().proc is not None and first.proc.wait(180) == 0, first.log()
@@ -292,10 +292,10 @@ def test_checkpoint_disk_full_stops_with_a_clear_error_and_keeps_the_previous_ch
     cps = sorted(p.name for p in (tmp_path / "run" / "checkpoints").glob("step_*"))
     assert cps == ["step_00000001"] and _hashes(cp1) == good
     # the step's group was not acknowledged: it stays pending for the next run
-    assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 1
+    assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 1
 
     again, _ = trainer_service(tiny_model_dir, redis_url, tmp_path, steps=2, name="trainer-3")
     assert again.start().proc is not None and again.proc.wait(180) == 0, again.log()
     state = json.loads((tmp_path / "run" / "checkpoints" / "step_00000002" / "state.json").read_text())
     assert state["consumed"] == [g.group_id for g in groups[:2]]
-    assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+    assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0

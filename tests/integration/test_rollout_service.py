@@ -24,7 +24,7 @@ from safetensors.torch import save_file
 
 from llds_proto.codec import decode_group
 from llds_proto.search_protocol import invalid_action_ids, observation_ids, prompt_ids
-from llds_proto.streams import ROLLOUT_REGISTRY, TRAINER_VERSION_KEY, TRAJECTORY_STREAM
+from llds_proto.streams import DEFAULT_KEYS
 from llds_rollout.app import create_app
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
@@ -378,9 +378,9 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
     engine = TestEngine(str(tiny_model_dir), script=script)
     r = redis.Redis.from_url(redis_url)
     with BackgroundServer(create_app(settings, engine), port=port) as srv:
-        _wait(lambda: r.xlen(TRAJECTORY_STREAM) >= 2, what="two groups on the stream")
-        assert r.hget(ROLLOUT_REGISTRY, "r0") == srv.url.encode()
-        groups = [decode_group(f[b"group"]) for _, f in r.xrange(TRAJECTORY_STREAM)]
+        _wait(lambda: r.xlen(DEFAULT_KEYS.stream) >= 2, what="two groups on the stream")
+        assert r.hget(DEFAULT_KEYS.registry, "r0") == srv.url.encode()
+        groups = [decode_group(f[b"group"]) for _, f in r.xrange(DEFAULT_KEYS.stream)]
         obs = observation_ids(tok, [p for p in PASSAGES if p["id"] in ("p1", "p2", "p3")])
         for g in groups:
             assert g.group_id.startswith("world:0:") and g.producer == "r0" and len(g.trajectories) == 3
@@ -400,13 +400,13 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
                 assert t.response_ids[: len(gen1.token_ids)] != invalid_action_ids(tok)[: len(gen1.token_ids)]
 
         # the trainer moves 3 versions ahead: in-flight groups are dropped, no new group starts
-        r.set(TRAINER_VERSION_KEY, 3)
+        r.set(DEFAULT_KEYS.trainer_version, 3)
         _wait(lambda: "llds_rollout_stale_groups_dropped_total 0.0" not in httpx.get(f"{srv.url}/metrics").text,
               what="a stale drop")  # fmt: skip
         time.sleep(0.5)
-        frozen = r.xlen(TRAJECTORY_STREAM)
+        frozen = r.xlen(DEFAULT_KEYS.stream)
         time.sleep(1.0)
-        assert r.xlen(TRAJECTORY_STREAM) == frozen
+        assert r.xlen(DEFAULT_KEYS.stream) == frozen
         assert httpx.get(f"{srv.url}/health").json()["detail"]["trainer_version"] == 3
 
         # the trainer publishes v3 and notifies: production resumes on it
@@ -415,9 +415,9 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
             f"{srv.url}/admin/weights", json={"version": 3, "path": folder.name}, headers=AUTH, timeout=60
         )
         assert resp.status_code == 200, resp.text
-        _wait(lambda: r.xlen(TRAJECTORY_STREAM) > frozen, what="groups on the new weights")
-        _, fields = r.xrange(TRAJECTORY_STREAM)[frozen]
+        _wait(lambda: r.xlen(DEFAULT_KEYS.stream) > frozen, what="groups on the new weights")
+        _, fields = r.xrange(DEFAULT_KEYS.stream)[frozen]
         g = decode_group(fields[b"group"])
         assert g.min_version == 3 and {v for t in g.trajectories for v in t.versions} == {3, -1}
     # deregistered on shutdown
-    assert r.hget(ROLLOUT_REGISTRY, "r0") is None
+    assert r.hget(DEFAULT_KEYS.registry, "r0") is None

@@ -84,9 +84,9 @@ def test_two_rollout_replicas_both_receive_every_update(
             _wait(f"{u}/health", lambda b: b["status"] == "ok", 180, procs)
         r = redis.Redis.from_url(redis_url, decode_responses=True)
         deadline = time.monotonic() + 30
-        while len(r.hgetall(streams.ROLLOUT_REGISTRY)) < 2 and time.monotonic() < deadline:
+        while len(r.hgetall(streams.DEFAULT_KEYS.registry)) < 2 and time.monotonic() < deadline:
             time.sleep(0.2)
-        assert r.hgetall(streams.ROLLOUT_REGISTRY) == {"replica-0": urls[0], "replica-1": urls[1]}
+        assert r.hgetall(streams.DEFAULT_KEYS.registry) == {"replica-0": urls[0], "replica-1": urls[1]}
 
         tport = free_port()
         procs.append(

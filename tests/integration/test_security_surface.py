@@ -313,12 +313,12 @@ def test_redis_password_is_required_and_works_through_urls(tmp_path: Path) -> No
         assert server.url.startswith("redis://:pa55-word@127.0.0.1:")
         no_auth = f"redis://127.0.0.1:{server.port}/0"
         with pytest.raises(redis.AuthenticationError):
-            redis.Redis.from_url(no_auth).xadd(streams.TRAJECTORY_STREAM, {"group": b"x"})
+            redis.Redis.from_url(no_auth).xadd(streams.DEFAULT_KEYS.stream, {"group": b"x"})
         with pytest.raises(redis.AuthenticationError):
             redis.Redis.from_url(f"redis://:wrong@127.0.0.1:{server.port}/0").ping()
         # what the services do: a client from the URL (sync for the trainer, asyncio for the rollout)
         client = redis.Redis.from_url(server.url)
-        client.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: b"not-a-group"})
+        client.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: b"not-a-group"})
         q = StreamQueue(client, "trainer-0", block_ms=100)
         q.ensure_group()
         got = q.fetch(1, lambda: False)

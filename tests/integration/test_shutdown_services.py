@@ -145,7 +145,7 @@ def test_trainer_sigterm_finishes_the_step_and_loses_nothing(
     r = redis.Redis.from_url(redis_url)
     groups = synthetic_groups(tokenizer, 6, 3, seed=5, think_words=3, doc_words=8)
     for g in groups:
-        r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: encode_group(g)})
+        r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: encode_group(g)})
     port = free_port()
     svc = Service(
         "trainer",
@@ -170,10 +170,10 @@ def test_trainer_sigterm_finishes_the_step_and_loses_nothing(
     cps = sorted((tmp_path / "run" / "checkpoints").glob("step_*"))
     state = json.loads((cps[-1] / "state.json").read_text())
     consumed = set(state["consumed"])
-    pending = r.xpending_range(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP, "-", "+", 100)
+    pending = r.xpending_range(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP, "-", "+", 100)
     pending_ids = {p["message_id"] for p in pending}
     by_entry = {
-        eid: g.group_id for (eid, _), g in zip(r.xrange(streams.TRAJECTORY_STREAM), groups, strict=True)
+        eid: g.group_id for (eid, _), g in zip(r.xrange(streams.DEFAULT_KEYS.stream), groups, strict=True)
     }
     # what the checkpoint holds was acknowledged; what it does not hold is still pending or never read
     assert not {by_entry[e] for e in pending_ids} & consumed

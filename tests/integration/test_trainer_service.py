@@ -66,7 +66,7 @@ def fake_rollout() -> Iterator[tuple[str, list[dict[str, Any]]]]:
 
 def push(r: redis.Redis, groups: list[Any]) -> list[str]:
     return [
-        r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: encode_group(g)}).decode() for g in groups
+        r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: encode_group(g)}).decode() for g in groups
     ]
 
 
@@ -118,7 +118,7 @@ def test_trains_publishes_notifies_and_serves(
 ) -> None:
     url, notices = fake_rollout
     r = redis.Redis.from_url(redis_url)
-    r.hset(streams.ROLLOUT_REGISTRY, "replica-0", url)
+    r.hset(streams.DEFAULT_KEYS.registry, "replica-0", url)
     push(r, small_groups[:2])
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -145,9 +145,9 @@ def test_trains_publishes_notifies_and_serves(
             assert line in metrics
         for name in ("llds_trainer_reward_mean", "llds_trainer_loss", "llds_trainer_llds_term"):
             assert f"\n{name} " in metrics
-        assert r.get(streams.TRAINER_VERSION_KEY) == b"1"
+        assert r.get(streams.DEFAULT_KEYS.trainer_version) == b"1"
         # Acked once the checkpoint covered the step.
-        assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+        assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
         push(r, small_groups[2:4])
         assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     finally:
@@ -162,7 +162,7 @@ def test_trains_publishes_notifies_and_serves(
     assert any(x["loss/llds"] > 0 for x in records)
     assert (run / "trainer_config.toml").is_file()
     assert "groups_per_step = 2" in (run / "trainer_config.toml").read_text()
-    assert r.get(streams.TRAINER_VERSION_KEY) == b"2"
+    assert r.get(streams.DEFAULT_KEYS.trainer_version) == b"2"
     # Weights folders: marker last with the sha256 of every file; loadable by transformers as is.
     for v in (1, 2):
         folder = tmp_path / "weights" / f"v{v:06d}"
@@ -229,10 +229,10 @@ def test_kill9_at_every_point_loses_nothing_and_trains_nothing_twice(
     assert len(consumed) == len(set(consumed)) == 8, consumed  # nothing trained twice
     assert set(consumed) == {g.group_id for g in small_groups}  # nothing lost
     assert state["step"] == 4 and state["version"] == 4
-    assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+    assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records] == [1, 2, 3, 4]
-    assert r.get(streams.TRAINER_VERSION_KEY) == b"4"
+    assert r.get(streams.DEFAULT_KEYS.trainer_version) == b"4"
     for v in (2, 3, 4):
         assert (tmp_path / "weights" / f"v{v:06d}" / MARKER).is_file()
     assert not (tmp_path / "weights" / "v000001").exists()  # keep_versions = 3
@@ -242,16 +242,16 @@ def test_invalid_and_duplicate_groups_are_dropped_and_acked(
     tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
 ) -> None:
     r = redis.Redis.from_url(redis_url)
-    r.set(streams.TRAINER_VERSION_KEY, "0")
+    r.set(streams.DEFAULT_KEYS.trainer_version, "0")
     fresh = synthetic_groups(tokenizer, 2, 2, seed=1, think_words=2, doc_words=4)
     dup = synthetic_groups(tokenizer, 1, 2, seed=1, think_words=2, doc_words=4)  # same group id as fresh[0]
-    r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: b"not msgpack"})
+    r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: b"not msgpack"})
     push(r, fresh[:1] + dup + fresh[1:])
     port = free_port()
     proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=1, port=port)
     assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     log = (tmp_path / "trainer.log").read_text()
     assert "invalid" in log and "duplicate" in log
-    assert r.xpending(streams.TRAJECTORY_STREAM, streams.TRAINER_GROUP)["pending"] == 0
+    assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
     assert state["consumed"] == [g.group_id for g in fresh]

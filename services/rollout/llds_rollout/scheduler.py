@@ -22,7 +22,7 @@ from redis.exceptions import RedisError
 from llds_proto.codec import encode_group
 from llds_proto.messages import TrajectoryGroup
 from llds_proto.search_protocol import prompt_ids
-from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, TRAINER_VERSION_KEY, TRAJECTORY_STREAM
+from llds_proto.streams import DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP
 from llds_rollout.agent import LoopSettings, Searcher, run_episode
 from llds_rollout.dataset import PromptRow
 from llds_rollout.engine.base import Engine, EngineError
@@ -144,14 +144,14 @@ class GroupProducer:
     async def queued_groups(self) -> int:
         """Groups in the stream the trainer has not acknowledged (undelivered + pending)."""
         try:
-            for g in await self.redis.xinfo_groups(TRAJECTORY_STREAM):
+            for g in await self.redis.xinfo_groups(DEFAULT_KEYS.stream):
                 name = g.get("name")
                 if name in (TRAINER_GROUP, TRAINER_GROUP.encode()):
                     lag = g.get("lag")
                     if lag is None:  # Redis cannot tell after deletions: count conservatively
-                        return int(await self.redis.xlen(TRAJECTORY_STREAM))
+                        return int(await self.redis.xlen(DEFAULT_KEYS.stream))
                     return int(lag) + int(g.get("pending", 0))
-            return int(await self.redis.xlen(TRAJECTORY_STREAM))
+            return int(await self.redis.xlen(DEFAULT_KEYS.stream))
         except RedisError as e:
             if "no such key" in str(e).lower():
                 return 0
@@ -187,7 +187,7 @@ class GroupProducer:
 
     async def _read_version(self) -> None:
         try:
-            raw = await self.redis.get(TRAINER_VERSION_KEY)
+            raw = await self.redis.get(DEFAULT_KEYS.trainer_version)
         except RedisError as e:
             self.metrics.redis_errors.inc()
             log.warning("reading trainer version failed: %s", e)
@@ -286,7 +286,7 @@ class GroupProducer:
             delay = 0.1
             while True:
                 try:
-                    await self.redis.xadd(TRAJECTORY_STREAM, {GROUP_FIELD: data})
+                    await self.redis.xadd(DEFAULT_KEYS.stream, {GROUP_FIELD: data})
                     break
                 except RedisError as e:
                     self.metrics.redis_errors.inc()

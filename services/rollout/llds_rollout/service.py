@@ -23,7 +23,7 @@ from llds_proto.messages import (
     WeightUpdateNotice,
     WeightUpdateResponse,
 )
-from llds_proto.streams import ROLLOUT_REGISTRY
+from llds_proto.streams import DEFAULT_KEYS
 from llds_rollout.agent import LoopSettings, run_episode
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError, WeightLoadError, build_engine
@@ -181,7 +181,7 @@ class RolloutService:
         delay = 0.5
         while True:
             try:
-                await self.redis.hset(ROLLOUT_REGISTRY, self.name, self.url)
+                await self.redis.hset(DEFAULT_KEYS.registry, self.name, self.url)
                 log.info("registered replica name=%s url=%s", self.name, self.url)
                 return
             except RedisError as e:
@@ -200,7 +200,7 @@ class RolloutService:
             from redis.exceptions import RedisError
 
             try:
-                await self.redis.hdel(ROLLOUT_REGISTRY, self.name)
+                await self.redis.hdel(DEFAULT_KEYS.registry, self.name)
             except RedisError as e:
                 log.warning("replica deregistration failed: %s", e)
             await self.redis.aclose()

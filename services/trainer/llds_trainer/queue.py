@@ -19,7 +19,7 @@ import redis
 
 from llds_proto.codec import CodecError, decode_group
 from llds_proto.messages import TrajectoryGroup
-from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, TRAJECTORY_STREAM
+from llds_proto.streams import DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP
 
 log = logging.getLogger("llds.trainer.queue")
 
@@ -43,7 +43,7 @@ class StreamQueue:
         *,
         claim_idle_ms: int = 60_000,
         block_ms: int = 1000,
-        stream: str = TRAJECTORY_STREAM,
+        stream: str = DEFAULT_KEYS.stream,
         group: str = TRAINER_GROUP,
     ):
         self.r = client

@@ -271,10 +271,10 @@ class TrainerService:
             )
             log.info("published version %d (step %d) to %s", version, step, path)
         self.metrics.publish_seconds.set(time.perf_counter() - t)
-        self.redis.set(streams.TRAINER_VERSION_KEY, str(version))
+        self.redis.set(streams.DEFAULT_KEYS.trainer_version, str(version))
         self.metrics.version.set(version)
         urls = list(self.cfg.notify_urls)
-        for u in self.redis.hgetall(streams.ROLLOUT_REGISTRY).values():
+        for u in self.redis.hgetall(streams.DEFAULT_KEYS.registry).values():
             u = u.decode() if isinstance(u, bytes) else str(u)
             if u not in urls:
                 urls.append(u)

@@ -40,7 +40,7 @@ def _push(redis_url: str, groups: list[Any]) -> None:
 
     r = redis.Redis.from_url(redis_url)
     for g in groups:
-        r.xadd(streams.TRAJECTORY_STREAM, {streams.GROUP_FIELD: encode_group(g)})
+        r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: encode_group(g)})
 
 
 def test_dashboard_follows_a_real_trainer_and_report_plots_its_log(

@@ -13,7 +13,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rollout_fakes import FakeSearcher, ScriptedEngine
 
 from llds_proto.codec import decode_group
-from llds_proto.streams import TRAINER_VERSION_KEY, TRAJECTORY_STREAM
+from llds_proto.streams import DEFAULT_KEYS
 from llds_rollout.agent import LoopSettings
 from llds_rollout.dataset import PromptRow, endless
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
@@ -74,11 +74,11 @@ def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
         task = asyncio.create_task(prod.run())
 
         async def three() -> bool:
-            return await redis.xlen(TRAJECTORY_STREAM) >= 3
+            return await redis.xlen(DEFAULT_KEYS.stream) >= 3
 
         await _until(three)
         task.cancel()
-        entries = await redis.xrange(TRAJECTORY_STREAM)
+        entries = await redis.xrange(DEFAULT_KEYS.stream)
         groups = [decode_group(fields[b"group"]) for _, fields in entries]
         run = prod.run_id
         assert [g.group_id for g in groups[:3]] == [
@@ -97,20 +97,20 @@ def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
 def test_admission_waits_for_weights_within_k(tokenizer: Any) -> None:
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
-        await redis.set(TRAINER_VERSION_KEY, 2)
+        await redis.set(DEFAULT_KEYS.trainer_version, 2)
         engine = GatedEngine(tokenizer, version=0)
         prod = _producer(engine, redis)
         task = asyncio.create_task(prod.run())
         await asyncio.sleep(0.3)
-        assert engine.requests == [] and await redis.xlen(TRAJECTORY_STREAM) == 0
+        assert engine.requests == [] and await redis.xlen(DEFAULT_KEYS.stream) == 0
         engine._version = 1  # within K=1 of the trainer: admitted
 
         async def pushed() -> bool:
-            return await redis.xlen(TRAJECTORY_STREAM) >= 1
+            return await redis.xlen(DEFAULT_KEYS.stream) >= 1
 
         await _until(pushed)
         task.cancel()
-        (_, fields), *_ = await redis.xrange(TRAJECTORY_STREAM)
+        (_, fields), *_ = await redis.xrange(DEFAULT_KEYS.stream)
         assert decode_group(fields[b"group"]).min_version == 1
         assert prod.metrics.admission_wait._value.get() > 0.2
 
@@ -129,7 +129,7 @@ def test_too_stale_groups_are_dropped_and_counted(tokenizer: Any) -> None:
             return len(engine.requests) == 0 and prod.metrics.in_flight._value.get() == 6
 
         await _until(in_flight)
-        await redis.set(TRAINER_VERSION_KEY, 2)  # the two groups in flight are now 2 > K behind
+        await redis.set(DEFAULT_KEYS.trainer_version, 2)  # the two groups in flight are now 2 > K behind
 
         async def seen() -> bool:
             return prod.trainer_version == 2
@@ -143,7 +143,7 @@ def test_too_stale_groups_are_dropped_and_counted(tokenizer: Any) -> None:
         await _until(dropped)
         await asyncio.sleep(0.1)
         task.cancel()
-        assert await redis.xlen(TRAJECTORY_STREAM) == 0
+        assert await redis.xlen(DEFAULT_KEYS.stream) == 0
         assert prod.metrics.groups.labels(status="stale")._value.get() == 2
         assert len(engine.requests) == 6  # no new group started while the engine lags
 
@@ -176,7 +176,7 @@ def test_redis_outage_buffers_then_backpressures_and_loses_nothing(tokenizer: An
 
         await _until(drained)
         task.cancel()
-        ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(TRAJECTORY_STREAM)]
+        ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(DEFAULT_KEYS.stream)]
         run = prod.run_id
         assert ids[:4] == [f"world:0:0:{run}", f"world:1:0:{run}", f"world:0:1:{run}", f"world:1:1:{run}"]
 
@@ -192,17 +192,17 @@ def test_backpressure_stops_at_max_queued_groups(tokenizer: Any) -> None:
         task = asyncio.create_task(prod.run())
 
         async def two() -> bool:
-            return await redis.xlen(TRAJECTORY_STREAM) >= 2
+            return await redis.xlen(DEFAULT_KEYS.stream) >= 2
 
         await _until(two)
         await asyncio.sleep(0.5)
-        assert await redis.xlen(TRAJECTORY_STREAM) == 2
+        assert await redis.xlen(DEFAULT_KEYS.stream) == 2
         assert await prod.queued_groups() == 2
         # the trainer acknowledges both: production resumes
-        await redis.xgroup_create(TRAJECTORY_STREAM, "trainers", id="$")
+        await redis.xgroup_create(DEFAULT_KEYS.stream, "trainers", id="$")
 
         async def more() -> bool:
-            return await redis.xlen(TRAJECTORY_STREAM) >= 3
+            return await redis.xlen(DEFAULT_KEYS.stream) >= 3
 
         await _until(more)
         task.cancel()

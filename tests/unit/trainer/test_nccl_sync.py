@@ -215,11 +215,11 @@ def test_publish_sends_over_nccl_instead_of_writing_a_folder(tmp_path: Path, ok:
     )
     service = TrainerService(cfg, admin_token=TOKEN)
     service.redis = fakeredis.FakeRedis()
-    service.redis.hset(streams.ROLLOUT_REGISTRY, "rollout-b", "http://r2:8001")
+    service.redis.hset(streams.DEFAULT_KEYS.registry, "rollout-b", "http://r2:8001")
     service.trainer = SimpleNamespace(model=object())
     service._nccl = sync = FakeSync(ok)
     service._publish(3, 9)
     assert sync.calls == [(["http://r1:8001", "http://r2:8001"], 3, 9)]
     assert not (tmp_path / "weights").exists()
-    assert service.redis.get(streams.TRAINER_VERSION_KEY) == b"3"
+    assert service.redis.get(streams.DEFAULT_KEYS.trainer_version) == b"3"
     assert service.metrics.notify_failures._value.get() == (0 if ok else 2)
