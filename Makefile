@@ -39,7 +39,7 @@ $(VLLM_STAMP): $(STAMP)
 # The vLLM backend's tests (agreement with the transformers backend, in-place weight reload, the
 # service on vLLM with its /v1 routes).
 test-vllm: vllm-env
-	$(VLLM_VENV)/bin/python -m pytest tests/integration/test_rollout_vllm.py tests/integration/test_rollout_vllm_service.py tests/integration/test_weight_transfer_vllm.py $(PYTEST_ARGS)
+	$(VLLM_VENV)/bin/python -m pytest $(wildcard tests/integration/test_*vllm*.py) $(PYTEST_ARGS)
 
 run: install vllm-env
 	$(VENV)/bin/llds up
