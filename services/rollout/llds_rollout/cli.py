@@ -49,6 +49,7 @@ def serve_main(argv: list[str]) -> int:
     p.add_argument("--engine", choices=["transformers", "vllm"], help="inference backend")
     p.add_argument("--retriever-url", help="retriever base URL")
     p.add_argument("--redis-url", help="Redis URL")
+    p.add_argument("--run-id", help="run id: scopes every Redis key (default 'default')")
     p.add_argument("--dataset", help="training questions (JSONL)")
     p.add_argument("--weights-root", help="folder the trainer publishes weights into")
     p.add_argument("--group-size", type=int, help="G: samples per prompt")
@@ -62,6 +63,7 @@ def serve_main(argv: list[str]) -> int:
         settings = _settings(
             args,
             redis_url=args.redis_url,
+            run_id=args.run_id,
             dataset=args.dataset,
             weights_root=args.weights_root,
             group_size=args.group_size,

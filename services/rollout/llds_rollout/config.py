@@ -5,11 +5,12 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, model_validator
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.reward import RewardKind
 from llds_proto.settings import ServiceSettings
+from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
 
 
 class EngineSettings(BaseModel):
@@ -80,6 +81,8 @@ class RolloutSettings(ServiceSettings):
     """Base URL of the retriever (``POST /retrieve``)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the trajectory stream, trainer version and replica registry."""
+    run_id: str = DEFAULT_RUN_ID
+    """Run this replica samples for: names every Redis key (``llds:{run_id}:...``) and every group."""
     dataset: Path | None = None
     """JSONL of training questions (Search-R1 columns); required unless ``train`` is false."""
     weights_root: Path | None = None
@@ -107,11 +110,18 @@ class RolloutSettings(ServiceSettings):
     reward: RewardKind = "exact_match"
     """Reward function of llds_proto.reward."""
     max_staleness: int = Field(default=1, ge=0)
-    """K: drop groups sampled more than K versions behind the trainer; wait instead of starting them."""
+    """K: start a group only if the trainer will train it within K versions (admission, with the
+    trainer's own K if smaller); a finished group more than K versions behind is dropped."""
     max_groups_in_flight: int = Field(default=8, ge=1)
-    """Groups sampled concurrently (G trajectories each)."""
-    max_queued_groups: int = Field(default=8, ge=0)
-    """Start no new group while this many groups wait in the stream for the trainer (0 = no limit)."""
+    """Groups this replica samples concurrently (G trajectories each)."""
+    max_queued_groups: int = Field(default=0, ge=0)
+    """Extra cap on groups queued for the trainer plus in flight on all replicas, below the bound
+    admission derives from the trainer's pace (0 = the derived bound only; never below one step)."""
+    in_flight_ttl_s: float = Field(default=15.0, gt=0)
+    """Another replica's published in-flight count older than this is ignored (a dead replica)."""
+    catch_up_after_s: float = Field(default=5.0, ge=0)
+    """Admission waiting this long with the engine more than K versions behind loads the trainer's
+    newest published folder itself (a missed notice); the trainer's notice normally comes first."""
     retriever_concurrency: int = Field(default=64, ge=1)
     """Concurrent requests toward the retriever."""
     retriever_timeout_s: float = Field(default=10.0, gt=0)
@@ -142,10 +152,20 @@ class RolloutSettings(ServiceSettings):
     )
     """Bearer token of the admin routes (env ``LLDS_ADMIN_TOKEN``); unset disables them (403)."""
 
+    @field_validator("run_id")
+    @classmethod
+    def _run_id_is_a_key_part(cls, v: str) -> str:
+        return check_run_id(v)
+
     @model_validator(mode="after")
     def _train_needs_inputs(self) -> RolloutSettings:
         if self.train and self.dataset is None:
             raise ValueError("train=true needs a dataset (or pass --no-train to serve /answer only)")
+        if self.in_flight_ttl_s <= 2 * self.version_poll_s:
+            raise ValueError(
+                f"in_flight_ttl_s ({self.in_flight_ttl_s}) must exceed twice version_poll_s "
+                f"({self.version_poll_s}): a live replica refreshes its in-flight count every poll"
+            )
         return self
 
     def replica(self) -> tuple[str, str]:

@@ -78,7 +78,23 @@ class RolloutMetrics:
         )
         self.admission_wait = Counter(
             "llds_rollout_admission_wait_seconds_total",
-            "Time new groups waited for weights within the staleness bound",
+            "Time new groups waited to be admitted (weights within K, the trainer's capacity)",
+            registry=r,
+        )
+        self.admission_capacity = Gauge(
+            "llds_rollout_admission_capacity_groups",
+            "Groups the trainer can train within K versions (queued + in flight), at the last decision",
+            registry=r,
+        )
+        self.groups_in_flight = Gauge(
+            "llds_rollout_groups_in_flight",
+            "Groups started and not yet in the stream, on every live replica, at the last decision",
+            registry=r,
+        )
+        self.catch_ups = Counter(
+            "llds_rollout_weight_catch_ups_total",
+            "Newest published versions loaded by the replica itself (late start, missed notice)",
+            ["status"],
             registry=r,
         )
         self.buffer = Gauge(
@@ -86,7 +102,7 @@ class RolloutMetrics:
         )
         self.queued_groups = Gauge(
             "llds_rollout_queued_groups",
-            "Groups in the stream not yet acknowledged by the trainer (backpressure input)",
+            "Groups queued for the trainer: unacknowledged entries less those already trained (admission input)",
             registry=r,
         )
         self.redis_errors = Counter("llds_rollout_redis_errors_total", "Failed Redis operations", registry=r)

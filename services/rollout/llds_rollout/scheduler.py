@@ -1,28 +1,34 @@
-"""Continuous production of trajectory groups (issue 4 "Asynchrony" and "Staleness bound").
+"""Continuous production of trajectory groups (issue 4 "Asynchrony" and "Staleness bound", issue 13
+"Staleness at admission").
 
 Prompts are drawn from the dataset forever; each becomes a group of G trajectories that advance on
 their own (generate, retrieve, generate) while many groups are in flight. A group is pushed to Redis
-when its G samples finish. Admission control: no new group starts while the engine is more than K
-versions behind the trainer; a finished group whose oldest token is more than K versions behind is
-dropped and counted. Failed trajectories fail their group, which is counted and never pushed. When
-Redis is down, finished groups wait in a bounded buffer; when that is full, sampling waits.
+when its G samples finish. Admission control (:func:`decide`): a group starts only if the trainer
+will train it within K versions, given how many groups are queued for it and in flight on every
+replica and how fast it consumes them (:class:`TrainerInfo`); a finished group whose oldest token is
+more than K versions behind is still dropped and counted, as the exception. Failed trajectories fail
+their group, which is counted and never pushed. When Redis is down, finished groups wait in a
+bounded buffer; when that is full, sampling waits.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
+from dataclasses import dataclass
 from typing import Any
 
 import redis.asyncio as aioredis
+from pydantic import ValidationError
 from redis.exceptions import RedisError
 
 from llds_proto.codec import encode_group
-from llds_proto.messages import TrajectoryGroup
+from llds_proto.messages import TrainerInfo, TrajectoryGroup
 from llds_proto.search_protocol import prompt_ids
-from llds_proto.streams import DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP
+from llds_proto.streams import DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP, RunKeys
 from llds_rollout.agent import LoopSettings, Searcher, run_episode
 from llds_rollout.dataset import PromptRow
 from llds_rollout.engine.base import Engine, EngineError
@@ -38,6 +44,72 @@ def _raise_if_cancelling() -> None:
     task = asyncio.current_task()
     if task is not None and task.cancelling():
         raise asyncio.CancelledError
+
+
+# ---------------------------------------------------------------------------- admission rule
+
+
+@dataclass(frozen=True)
+class AdmissionInputs:
+    """What one admission decision reads (Redis, all replicas, this engine)."""
+
+    info: TrainerInfo | None
+    """The trainer's pace; None until the trainer has written it."""
+    trainer_version: int
+    """Newest version the trainer has (the version key or ``info.version``, whichever is newer)."""
+    engine_version: int
+    """Version this replica's engine serves."""
+    oldest_in_flight: int | None
+    """Lowest engine version any group in flight (any replica) started on; None if none is."""
+    stream_unacked: int
+    """Entries the trainer has not acknowledged: consumer-group lag + pending."""
+    in_flight: int
+    """Groups started and not yet in the stream, on every live replica (this one included)."""
+
+
+@dataclass(frozen=True)
+class Admission:
+    """One decision of :func:`decide`."""
+
+    admit: bool
+    reason: str
+    """``ok``, ``no_trainer_info``, ``behind`` (engine more than K versions behind), ``capacity``
+    (the trainer could not train one more group in time) or ``max_queued`` (the extra cap)."""
+    capacity: int
+    """Groups the trainer can take (queued + in flight, new one included); 0 without trainer info."""
+    queued: int
+    """Groups queued for the trainer: unacknowledged entries less those it trained already."""
+    lag: int
+    """Versions the oldest group that the new one could overtake is behind the trainer."""
+
+
+def decide(x: AdmissionInputs, *, max_staleness: int, max_queued_groups: int) -> Admission:
+    """Admit a new group iff ``queued + in_flight + 1 <= info.capacity(lag)``.
+
+    ``lag`` counts from the oldest group in flight, not only from the engine: a new group may finish
+    first and be queued ahead of it, so each group in flight must still fit its own budget. K is
+    the smaller of the rollout's and the trainer's. ``max_queued_groups`` caps further, never below
+    one trainer step (the trainer would wait forever for a step that admission holds back).
+    """
+    info = x.info
+    queued = max(0, x.stream_unacked - (info.trained_unacked if info is not None else 0))
+    if info is None:
+        return Admission(False, "no_trainer_info", 0, queued, x.trainer_version - x.engine_version)
+    k = min(max_staleness, info.staleness_k)
+    oldest = x.engine_version if x.oldest_in_flight is None else min(x.oldest_in_flight, x.engine_version)
+    lag = x.trainer_version - oldest
+    capacity = info.model_copy(update={"staleness_k": k}).capacity(lag)
+    total = queued + x.in_flight + 1
+    if x.trainer_version - x.engine_version > k:
+        return Admission(False, "behind", capacity, queued, lag)
+    if total > capacity:
+        return Admission(False, "capacity", capacity, queued, lag)
+    if max_queued_groups and total > max(max_queued_groups, info.groups_per_step):
+        return Admission(False, "max_queued", capacity, queued, lag)
+    return Admission(True, "ok", capacity, queued, lag)
+
+
+# ---------------------------------------------------------------------------- producer
 
 
 class GroupProducer:
@@ -60,6 +132,10 @@ class GroupProducer:
         max_queued_groups: int = 0,
         version_poll_s: float,
         producer: str,
+        keys: RunKeys = DEFAULT_KEYS,
+        in_flight_ttl_s: float = 15.0,
+        catch_up: Callable[[int], Awaitable[None]] | None = None,
+        catch_up_after_s: float = 5.0,
     ) -> None:
         self.engine = engine
         self.searcher = searcher
@@ -71,19 +147,30 @@ class GroupProducer:
         self.group_size = group_size
         self.max_staleness = max_staleness
         self.version_poll_s = version_poll_s
-        self.producer = producer
+        self.producer = producer or "rollout"
         self.max_queued_groups = max_queued_groups
+        self.keys = keys
+        self.in_flight_ttl_s = in_flight_ttl_s
+        self.catch_up = catch_up
+        """Loads the trainer's newest published version (the service's verified swap path)."""
+        self.catch_up_after_s = catch_up_after_s
         # Group ids must stay unique when a replica restarts and replays its epochs from the start:
         # the trainer treats a repeated id as a redelivery and drops it.
-        self.run_id = f"{producer or 'rollout'}-{time.time_ns():x}"
+        self.producer_run = f"{self.producer}-{time.time_ns():x}"
         self.trainer_version = 0
         self.pushed = 0
+        self.last_admission: Admission | None = None
         self._slots = asyncio.Semaphore(max_groups_in_flight)
-        self._buffer: asyncio.Queue[TrajectoryGroup] = asyncio.Queue(maxsize=buffer_groups)
+        self._buffer: asyncio.Queue[tuple[TrajectoryGroup, int]] = asyncio.Queue(maxsize=buffer_groups)
         self._running = asyncio.Event()
         self._running.set()
         self._stopping = False
         self._tasks: set[asyncio.Task[Any]] = set()
+        # Start versions of the groups this replica holds (admitted, not yet pushed or dropped), and
+        # whether a decision is pending: both are what other replicas see of this one.
+        self._held: list[int] = []
+        self._reserved: int | None = None
+        self._publish_lock = asyncio.Lock()
         self.error: BaseException | None = None
         """An unexpected failure of a group task (a bug); it stops production and shows in /health."""
 
@@ -109,12 +196,12 @@ class GroupProducer:
                 await self._slots.acquire()
                 # Checked after a slot frees up, not before: the trainer may have moved meanwhile.
                 await self._running.wait()
-                await self._admit()
-                if self._stopping:
+                start_version = await self._admit()
+                if self._stopping or start_version is None:
                     self._slots.release()
                     break
                 row, epoch = next(self.prompts)
-                task = asyncio.create_task(self._group(row, epoch))
+                task = asyncio.create_task(self._group(row, epoch, start_version))
                 self._tasks.add(task)
                 task.add_done_callback(self._group_done)
             if self.error is not None:
@@ -142,52 +229,194 @@ class GroupProducer:
         return self.trainer_version - self.engine.version
 
     async def queued_groups(self) -> int:
-        """Groups in the stream the trainer has not acknowledged (undelivered + pending)."""
+        """Entries in the stream the trainer has not acknowledged (undelivered + pending).
+
+        Raises :class:`RedisError` when Redis cannot say; no stream yet is 0.
+        """
         try:
-            for g in await self.redis.xinfo_groups(DEFAULT_KEYS.stream):
-                name = g.get("name")
-                if name in (TRAINER_GROUP, TRAINER_GROUP.encode()):
-                    lag = g.get("lag")
-                    if lag is None:  # Redis cannot tell after deletions: count conservatively
-                        return int(await self.redis.xlen(DEFAULT_KEYS.stream))
-                    return int(lag) + int(g.get("pending", 0))
-            return int(await self.redis.xlen(DEFAULT_KEYS.stream))
+            groups = await self.redis.xinfo_groups(self.keys.stream)
         except RedisError as e:
             if "no such key" in str(e).lower():
                 return 0
+            raise
+        for g in groups:
+            if g.get("name") in (TRAINER_GROUP, TRAINER_GROUP.encode()):
+                lag = g.get("lag")
+                if lag is None:  # Redis cannot tell after deletions: count conservatively
+                    return int(await self.redis.xlen(self.keys.stream))
+                return int(lag) + int(g.get("pending", 0))
+        return int(await self.redis.xlen(self.keys.stream))  # no trainer has read yet: all queued
+
+    # ------------------------------------------------------------------ in-flight counts
+
+    def _local_versions(self) -> list[int]:
+        return self._held + ([self._reserved] if self._reserved is not None else [])
+
+    async def _redis_now(self) -> float:
+        """Redis's clock: every replica's timestamps come from it, so skewed hosts agree on age."""
+        sec, usec = await self.redis.time()
+        return sec + usec / 1e6
+
+    async def _publish_in_flight(self) -> None:
+        """Write this replica's groups in flight (held + a pending decision) with Redis's time."""
+        async with self._publish_lock:
+            versions = self._local_versions()
+            value = json.dumps(
+                {
+                    "groups": len(versions),
+                    "oldest_version": min(versions, default=None),
+                    "at": await self._redis_now(),
+                }
+            )
+            await self.redis.hset(self.keys.in_flight, self.producer, value)
+
+    async def _refresh_in_flight(self) -> None:
+        try:
+            await self._publish_in_flight()
+        except RedisError as e:
             self.metrics.redis_errors.inc()
-            log.warning("reading queue depth failed: %s", e)
-            return 0
+            log.warning("publishing in-flight groups failed: %s", e)
 
-    def _queue_full(self, queued: int) -> bool:
-        return bool(self.max_queued_groups) and queued + len(self._tasks) >= self.max_queued_groups
+    async def clear_in_flight(self) -> None:
+        """Remove this replica's entry (on shutdown), so others stop counting it at once."""
+        await self.redis.hdel(self.keys.in_flight, self.producer)
 
-    async def _admit(self) -> None:
+    async def _others_in_flight(self, now: float) -> tuple[int, int | None]:
+        """(groups, oldest start version) in flight on the other live replicas."""
+        total, oldest = 0, None
+        for name, raw in (await self.redis.hgetall(self.keys.in_flight)).items():
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            if name == self.producer:
+                continue
+            try:
+                entry = json.loads(raw)
+                groups, at, v = int(entry["groups"]), float(entry["at"]), entry["oldest_version"]
+            except (ValueError, KeyError, TypeError):
+                log.warning("ignoring unreadable in-flight entry replica=%s value=%r", name, raw)
+                continue
+            if now - at > self.in_flight_ttl_s:  # a replica that died without cleaning up
+                continue
+            total += groups
+            if v is not None:
+                oldest = int(v) if oldest is None else min(oldest, int(v))
+        return total, oldest
+
+    # ------------------------------------------------------------------ admission
+
+    async def _read_info(self) -> TrainerInfo | None:
+        raw = await self.redis.get(self.keys.trainer_info)
+        if raw is None:
+            return None
+        try:
+            return TrainerInfo.model_validate_json(raw)
+        except ValidationError as e:
+            log.warning("unreadable trainer info at %s: %s", self.keys.trainer_info, e)
+            return None
+
+    async def _try_admit(self) -> Admission:
+        """Reserve a slot in the shared count first, then decide: two replicas deciding at once each
+        see the other's reservation, so together they never overshoot the capacity."""
+        self._reserved = self.engine.version
+        await self._publish_in_flight()
+        await self._read_version()
+        info = await self._read_info()
+        if info is not None and info.version > self.trainer_version:
+            self.trainer_version = info.version
+            self.metrics.trainer_version.set(self.trainer_version)
+        unacked = await self.queued_groups()
+        others, others_oldest = await self._others_in_flight(await self._redis_now())
+        local = self._local_versions()
+        oldest = min([*local, *([others_oldest] if others_oldest is not None else [])], default=None)
+        decision = decide(
+            AdmissionInputs(
+                info=info,
+                trainer_version=self.trainer_version,
+                engine_version=self.engine.version,
+                oldest_in_flight=oldest,
+                stream_unacked=unacked,
+                in_flight=others + len(self._held),
+            ),
+            max_staleness=self.max_staleness,
+            max_queued_groups=self.max_queued_groups,
+        )
+        self.metrics.admission_capacity.set(decision.capacity)
+        self.metrics.queued_groups.set(decision.queued)
+        self.metrics.groups_in_flight.set(others + len(self._held))
+        return decision
+
+    async def _admit(self) -> int | None:
+        """Wait until a new group may start; returns the engine version it starts on (None: stopped)."""
         t0 = time.perf_counter()
-        waited = False
-        while not self._stopping:
-            behind = self.lag() > self.max_staleness
-            queued = await self.queued_groups() if self.max_queued_groups else 0
-            self.metrics.queued_groups.set(queued)
-            if not behind and not self._queue_full(queued):
-                break
-            if not waited:
-                log.info(
-                    "admission waiting engine=%d trainer=%d k=%d queued=%d max_queued=%d",
-                    self.engine.version,
-                    self.trainer_version,
-                    self.max_staleness,
-                    queued,
-                    self.max_queued_groups,
-                )
-                waited = True
-            await asyncio.sleep(min(self.version_poll_s, 0.25))
-        if waited:
-            self.metrics.admission_wait.inc(time.perf_counter() - t0)
+        behind_since: float | None = None
+        logged: str | None = None
+        try:
+            while not self._stopping:
+                try:
+                    d = await self._try_admit()
+                except RedisError as e:
+                    self.metrics.redis_errors.inc()
+                    d = Admission(False, "redis_error", 0, 0, 0)
+                    if logged != d.reason:
+                        log.warning("admission waiting reason=redis_error cause=%s", e)
+                        logged = d.reason
+                self.last_admission = d
+                if d.admit:
+                    assert self._reserved is not None
+                    self._held.append(self._reserved)
+                    self._reserved = None
+                    return self._held[-1]
+                self._reserved = None
+                await self._refresh_in_flight()
+                if logged != d.reason:
+                    self._log_wait(d)
+                    logged = d.reason
+                if d.reason == "behind":
+                    behind_since = behind_since or time.perf_counter()
+                    if (
+                        self.catch_up is not None
+                        and time.perf_counter() - behind_since >= self.catch_up_after_s
+                    ):
+                        await self.catch_up(self.trainer_version)
+                        behind_since = None
+                        continue
+                else:
+                    behind_since = None
+                await asyncio.sleep(min(self.version_poll_s, 0.25))
+            return None
+        finally:
+            self._reserved = None
+            waited = time.perf_counter() - t0
+            if logged is not None:
+                self.metrics.admission_wait.inc(waited)
+                log.info("admission resumed after %.2f s", waited)
+
+    def _log_wait(self, d: Admission) -> None:
+        if d.reason == "no_trainer_info":
+            log.info(
+                "admission waiting reason=no_trainer_info: no trainer info at %s yet (the trainer "
+                "writes it on start); without it no group can be sized to be trained within K",
+                self.keys.trainer_info,
+            )
+        elif d.reason == "redis_error":
+            return
+        else:
+            log.info(
+                "admission waiting reason=%s engine=%d trainer=%d k=%d lag=%d queued=%d in_flight=%d "
+                "capacity=%d max_queued=%d",
+                d.reason,
+                self.engine.version,
+                self.trainer_version,
+                self.max_staleness,
+                d.lag,
+                d.queued,
+                len(self._held),
+                d.capacity,
+                self.max_queued_groups,
+            )
 
     async def _read_version(self) -> None:
         try:
-            raw = await self.redis.get(DEFAULT_KEYS.trainer_version)
+            raw = await self.redis.get(self.keys.trainer_version)
         except RedisError as e:
             self.metrics.redis_errors.inc()
             log.warning("reading trainer version failed: %s", e)
@@ -201,6 +430,7 @@ class GroupProducer:
             _raise_if_cancelling()
             await asyncio.sleep(self.version_poll_s)
             await self._read_version()
+            await self._refresh_in_flight()
 
     def is_stale(self, group: TrajectoryGroup) -> bool:
         """True if the group's oldest sampled token is more than K versions behind the trainer."""
@@ -208,8 +438,13 @@ class GroupProducer:
 
     # ------------------------------------------------------------------ groups
 
-    async def _group(self, row: PromptRow, epoch: int) -> None:
-        group_id = f"{row.prompt_id}:{epoch}:{self.run_id}"
+    def _release(self, start_version: int) -> None:
+        """The group left this replica (pushed, dropped or failed): others stop counting it."""
+        self._held.remove(start_version)
+
+    async def _group(self, row: PromptRow, epoch: int, start_version: int) -> None:
+        group_id = f"{row.prompt_id}:{epoch}:{self.producer_run}"
+        buffered = False
         try:
             prompt = prompt_ids(self.tokenizer, row.question)
             self.metrics.in_flight.inc(self.group_size)
@@ -253,21 +488,26 @@ class GroupProducer:
                 trajectories=[r.trajectory for r in results],  # type: ignore[union-attr]
                 created_at=time.time(),
                 producer=self.producer,
+                run_id=self.keys.run_id,
             )
             if self.is_stale(group):
                 self._drop(group)
                 return
             # Waiting here holds the group's slot: a full buffer stops new groups (backpressure).
-            await self._buffer.put(group)
+            await self._buffer.put((group, start_version))
+            buffered = True
             self.metrics.buffer.set(self._buffer.qsize())
         finally:
+            if not buffered:
+                self._release(start_version)
             self._slots.release()
 
     def _drop(self, group: TrajectoryGroup) -> None:
         self.metrics.stale_drops.inc()
         self.metrics.groups.labels(status="stale").inc()
-        log.info(
-            "stale group dropped group_id=%s min_version=%d trainer=%d k=%d",
+        log.warning(
+            "stale group dropped group_id=%s min_version=%d trainer=%d k=%d (admission should prevent "
+            "this: a missed trainer info update or a notice that came late)",
             group.group_id,
             group.min_version,
             self.trainer_version,
@@ -277,22 +517,26 @@ class GroupProducer:
     async def _pusher(self) -> None:
         while True:
             _raise_if_cancelling()
-            group = await self._buffer.get()
+            group, start_version = await self._buffer.get()
             if self.is_stale(group):
                 self._drop(group)
+                self._release(start_version)
                 self.metrics.buffer.set(self._buffer.qsize())
                 continue
             data = encode_group(group)
             delay = 0.1
             while True:
                 try:
-                    await self.redis.xadd(DEFAULT_KEYS.stream, {GROUP_FIELD: data})
+                    await self.redis.xadd(self.keys.stream, {GROUP_FIELD: data})
                     break
                 except RedisError as e:
                     self.metrics.redis_errors.inc()
                     log.warning("push failed group_id=%s retry_in=%.1fs cause=%s", group.group_id, delay, e)
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
+            # Released only once in the stream: in between, others count it in flight, not nowhere.
+            self._release(start_version)
+            await self._refresh_in_flight()
             self.pushed += 1
             self.metrics.groups.labels(status="pushed").inc()
             self.metrics.buffer.set(self._buffer.qsize())

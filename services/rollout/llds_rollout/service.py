@@ -23,14 +23,14 @@ from llds_proto.messages import (
     WeightUpdateNotice,
     WeightUpdateResponse,
 )
-from llds_proto.streams import DEFAULT_KEYS
+from llds_proto.streams import RunKeys
 from llds_rollout.agent import LoopSettings, run_episode
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError, WeightLoadError, build_engine
 from llds_rollout.engine.transfer import CollectiveReceiver, WeightTransferError, collective_receiver
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.retrieval import RetrieverClient, RetrieverError
-from llds_rollout.weights import WeightsError, load_tensors, verify_published
+from llds_rollout.weights import WeightsError, load_tensors, published_dir_name, verify_published
 
 log = logging.getLogger("llds_rollout.service")
 
@@ -101,6 +101,8 @@ class RolloutService:
         self._swap_lock = asyncio.Lock()
         self._gate = _AnswerGate()
         self.name, self.url = settings.replica()
+        self.keys = RunKeys(settings.run_id)
+        self._catch_up_skip_logged = False
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -162,12 +164,18 @@ class RolloutService:
             buffer_groups=s.redis_buffer_groups,
             version_poll_s=s.version_poll_s,
             producer=self.name,
+            keys=self.keys,
+            in_flight_ttl_s=s.in_flight_ttl_s,
+            catch_up=self.catch_up,
+            catch_up_after_s=s.catch_up_after_s,
         )
-        self._tasks.append(asyncio.create_task(self._register()))
         self._tasks.append(asyncio.create_task(self._produce()))
 
     async def _produce(self) -> None:
+        """Register, catch up with what the trainer published before this replica started, produce."""
         try:
+            await self._register()
+            await self._catch_up_on_start()
             await self.producer.run()
         except asyncio.CancelledError:
             raise
@@ -181,7 +189,7 @@ class RolloutService:
         delay = 0.5
         while True:
             try:
-                await self.redis.hset(DEFAULT_KEYS.registry, self.name, self.url)
+                await self.redis.hset(self.keys.registry, self.name, self.url)
                 log.info("registered replica name=%s url=%s", self.name, self.url)
                 return
             except RedisError as e:
@@ -200,7 +208,8 @@ class RolloutService:
             from redis.exceptions import RedisError
 
             try:
-                await self.redis.hdel(DEFAULT_KEYS.registry, self.name)
+                await self.redis.hdel(self.keys.registry, self.name)
+                await self.producer.clear_in_flight()
             except RedisError as e:
                 log.warning("replica deregistration failed: %s", e)
             await self.redis.aclose()
@@ -297,30 +306,81 @@ class RolloutService:
         """Verify, load and swap in a published folder; raises :class:`WeightsError` (-> 400)."""
         self.require_ready()
         t0 = time.perf_counter()
-        root = self.settings.weights_root
         async with self._swap_lock:
-            try:
-                if root is None:
-                    raise WeightsError("this replica has no weights_root configured")
-                if notice.version <= self.engine.version:
-                    raise WeightsError(
-                        f"version {notice.version} is not newer than serving {self.engine.version}"
-                    )
-                published = await asyncio.to_thread(verify_published, root, notice.path, notice.version)
-                tensors = await asyncio.to_thread(load_tensors, published)
-                async with self._gate.write():
-                    await self.engine.update_weights(tensors, published.folder, notice.version)  # type: ignore[arg-type]
-            except (WeightsError, WeightLoadError) as e:
-                self.metrics.weight_rejects.inc()
-                log.warning(
-                    "weight update rejected version=%d path=%s cause=%s", notice.version, notice.path, e
-                )
-                raise WeightsError(str(e)) from e
+            await self._load_published(notice.version, notice.path)
         load_s = time.perf_counter() - t0
-        self.metrics.weights_version.set(self.engine.version)
-        self.metrics.swap_seconds.observe(load_s)
+        self._swapped(load_s)
         log.info("weights updated version=%d step=%d load_s=%.3f", notice.version, notice.step, load_s)
         return WeightUpdateResponse(version=self.engine.version, load_s=load_s)
+
+    async def _load_published(self, version: int, path: str) -> None:
+        """The one verified swap path (under the swap lock): folder checks, tensors, then the swap
+        behind the answer gate. A refused folder leaves the old weights serving (WeightsError)."""
+        root = self.settings.weights_root
+        try:
+            if root is None:
+                raise WeightsError("this replica has no weights_root configured")
+            if version <= self.engine.version:
+                raise WeightsError(f"version {version} is not newer than serving {self.engine.version}")
+            published = await asyncio.to_thread(verify_published, root, path, version)
+            tensors = await asyncio.to_thread(load_tensors, published)
+            async with self._gate.write():
+                await self.engine.update_weights(tensors, published.folder, version)  # type: ignore[arg-type]
+        except (WeightsError, WeightLoadError) as e:
+            self.metrics.weight_rejects.inc()
+            log.warning("weight update rejected version=%d path=%s cause=%s", version, path, e)
+            raise WeightsError(str(e)) from e
+
+    def _swapped(self, load_s: float) -> None:
+        self.metrics.weights_version.set(self.engine.version)
+        self.metrics.swap_seconds.observe(load_s)
+
+    async def catch_up(self, version: int) -> None:
+        """Load published ``version`` from ``weights_root`` if it is newer than the engine's.
+
+        For a replica that started after the trainer published, or missed a notice: without it
+        admission would wait forever for weights within K. Failures are logged and counted; the
+        replica keeps serving what it has and admission tries again later.
+        """
+        if version <= self.engine.version:
+            return
+        if self.settings.weights_root is None or self.settings.engine.weight_transfer == "nccl":
+            if not self._catch_up_skip_logged:
+                log.warning(
+                    "cannot catch up to version %d by itself (%s): waiting for the trainer to send it",
+                    version,
+                    "no weights_root" if self.settings.weights_root is None else "weights arrive over NCCL",
+                )
+                self._catch_up_skip_logged = True
+            return
+        t0 = time.perf_counter()
+        path = published_dir_name(version)
+        from_version = self.engine.version
+        async with self._swap_lock:
+            if version <= self.engine.version:  # a notice got there first
+                return
+            try:
+                await self._load_published(version, path)
+            except WeightsError as e:
+                self.metrics.catch_ups.labels(status="failed").inc()
+                log.warning("catch-up to version %d failed (still serving %d): %s", version, from_version, e)
+                return
+        load_s = time.perf_counter() - t0
+        self._swapped(load_s)
+        self.metrics.catch_ups.labels(status="ok").inc()
+        log.info("caught up from version %d to %d path=%s load_s=%.3f", from_version, version, path, load_s)
+
+    async def _catch_up_on_start(self) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            raw = await self.redis.get(self.keys.trainer_version)
+        except RedisError as e:
+            self.metrics.redis_errors.inc()
+            log.warning("reading the trainer version at start failed (admission catches up later): %s", e)
+            return
+        if raw is not None:
+            await self.catch_up(int(raw))
 
     # ------------------------------------------------------------------ NCCL weight transfer
 

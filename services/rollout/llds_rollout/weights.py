@@ -16,6 +16,11 @@ from pathlib import Path
 MARKER = "COMPLETE"
 
 
+def published_dir_name(version: int) -> str:
+    """Folder (relative to the weights root) the trainer publishes ``version`` into."""
+    return f"v{version:06d}"
+
+
 class WeightsError(ValueError):
     """A published folder that must not be loaded; the message says why (-> HTTP 400)."""
 

@@ -1,6 +1,7 @@
 """Group production: push to the stream, admission control, staleness drops, Redis backpressure.
 
 In-memory Redis (fakeredis) and a scripted engine; the real Redis path is in the integration tests.
+The admission rule itself (capacities, replicas, catch-up) is in test_rollout_admission.py.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from rollout_fakes import FakeSearcher, ScriptedEngine
 
 from llds_proto.codec import decode_group
-from llds_proto.streams import DEFAULT_KEYS
+from llds_proto.messages import TrainerInfo
+from llds_proto.streams import DEFAULT_KEYS, DEFAULT_RUN_ID
 from llds_rollout.agent import LoopSettings
 from llds_rollout.dataset import PromptRow, endless
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
@@ -60,6 +62,13 @@ def _producer(engine: Any, redis: Any, **kw: Any) -> GroupProducer:
     return GroupProducer(**args)
 
 
+async def _info(redis: Any, **kw: Any) -> None:
+    """What the trainer writes on start; a wide capacity unless the test says otherwise."""
+    fields: dict[str, Any] = {"run_id": DEFAULT_RUN_ID, "version": 0, "step": 0, "groups_per_step": 4,
+                              "publish_every": 1, "staleness_k": 1, **kw}  # fmt: skip
+    await redis.set(DEFAULT_KEYS.trainer_info, TrainerInfo(**fields).model_dump_json())
+
+
 async def _until(cond: Any, timeout_s: float = 10.0) -> None:
     deadline = asyncio.get_running_loop().time() + timeout_s
     while not await cond():
@@ -70,6 +79,7 @@ async def _until(cond: Any, timeout_s: float = 10.0) -> None:
 def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
+        await _info(redis, groups_per_step=2)
         prod = _producer(GatedEngine(tokenizer), redis)
         task = asyncio.create_task(prod.run())
 
@@ -80,7 +90,7 @@ def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
         task.cancel()
         entries = await redis.xrange(DEFAULT_KEYS.stream)
         groups = [decode_group(fields[b"group"]) for _, fields in entries]
-        run = prod.run_id
+        run = prod.producer_run
         assert [g.group_id for g in groups[:3]] == [
             f"world:0:0:{run}",
             f"world:1:0:{run}",
@@ -88,6 +98,7 @@ def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
         ]
         g = groups[0]
         assert len(g.trajectories) == 3 and g.producer == "test" and g.gold_answers == ["Shakespeare"]
+        assert all(x.run_id == DEFAULT_RUN_ID for x in groups)
         assert [t.sample_index for t in g.trajectories] == [0, 1, 2]
         assert all(t.reward == 1.0 and t.versions[0] == 0 for t in g.trajectories)
 
@@ -98,6 +109,7 @@ def test_admission_waits_for_weights_within_k(tokenizer: Any) -> None:
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
         await redis.set(DEFAULT_KEYS.trainer_version, 2)
+        await _info(redis, version=2)
         engine = GatedEngine(tokenizer, version=0)
         prod = _producer(engine, redis)
         task = asyncio.create_task(prod.run())
@@ -120,6 +132,7 @@ def test_admission_waits_for_weights_within_k(tokenizer: Any) -> None:
 def test_too_stale_groups_are_dropped_and_counted(tokenizer: Any) -> None:
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
+        await _info(redis)
         engine = GatedEngine(tokenizer, version=0)
         engine.gate.clear()
         prod = _producer(engine, redis)
@@ -162,6 +175,7 @@ class FlakyRedis(fakeredis.aioredis.FakeRedis):
 def test_redis_outage_buffers_then_backpressures_and_loses_nothing(tokenizer: Any) -> None:
     async def main() -> None:
         redis = FlakyRedis()
+        await _info(redis)
         engine = GatedEngine(tokenizer)
         prod = _producer(engine, redis, buffer_groups=2, max_groups_in_flight=1)
         task = asyncio.create_task(prod.run())
@@ -177,18 +191,20 @@ def test_redis_outage_buffers_then_backpressures_and_loses_nothing(tokenizer: An
         await _until(drained)
         task.cancel()
         ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(DEFAULT_KEYS.stream)]
-        run = prod.run_id
+        run = prod.producer_run
         assert ids[:4] == [f"world:0:0:{run}", f"world:1:0:{run}", f"world:0:1:{run}", f"world:1:1:{run}"]
 
     asyncio.run(main())
 
 
 def test_backpressure_stops_at_max_queued_groups(tokenizer: Any) -> None:
-    """With nobody consuming, a replica stops starting groups once the stream holds the limit."""
+    """With nobody consuming, a replica stops starting groups once the stream holds the extra cap,
+    well below the trainer's capacity (1 group per step, K = 10: 11 groups)."""
 
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
-        prod = _producer(GatedEngine(tokenizer), redis, max_queued_groups=2)
+        await _info(redis, groups_per_step=1, staleness_k=10)
+        prod = _producer(GatedEngine(tokenizer), redis, max_queued_groups=2, max_staleness=10)
         task = asyncio.create_task(prod.run())
 
         async def two() -> bool:
@@ -214,4 +230,4 @@ def test_backpressure_stops_at_max_queued_groups(tokenizer: Any) -> None:
 def test_group_ids_differ_across_producer_runs(tokenizer: Any) -> None:
     redis = fakeredis.aioredis.FakeRedis()
     a, b = _producer(GatedEngine(tokenizer), redis), _producer(GatedEngine(tokenizer), redis)
-    assert a.run_id != b.run_id and a.run_id.startswith("test-")
+    assert a.producer_run != b.producer_run and a.producer_run.startswith("test-")
