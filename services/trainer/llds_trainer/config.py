@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.settings import ServiceSettings
+from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
 
 ADMIN_TOKEN_ENV = "LLDS_ADMIN_TOKEN"
 """Environment variable holding the bearer token of the rollout's admin routes."""
@@ -23,12 +24,14 @@ class TrainerConfig(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLDS_TRAINER_", extra="forbid", validate_default=True)
 
     # ---------------------------------------------------------------- wiring
+    run_id: str = DEFAULT_RUN_ID
+    """Run this trainer trains: names its Redis keys (``llds:{run_id}:...``); groups of another run are dropped."""
     model: str | None = None
     """Initial policy: a Hugging Face folder (version 0). Required to train."""
     reference_model: str | None = None
     """Frozen reference for the KL term; defaults to ``model``. Loaded only when ``kl_coef`` > 0."""
     redis_url: str = "redis://127.0.0.1:6379/0"
-    """Redis holding the trajectory stream, the version key and the replica registry."""
+    """Redis holding the run's trajectory stream, version and info keys and replica registry."""
     run_dir: str = "runs/trainer"
     """Checkpoints, ``train_log.jsonl`` and the resolved ``trainer_config.toml`` go here."""
     weights_root: str = "runs/weights"
@@ -40,7 +43,7 @@ class TrainerConfig(ServiceSettings):
     consumer_name: str = Field(default="trainer-0", min_length=1, max_length=128)
     """Name in the Redis consumer group; keep it stable across restarts to re-read own pending groups."""
     notify_urls: list[str] = Field(default_factory=list)
-    """Rollout base URLs notified of each new version, besides those in ``llds:rollout:replicas``."""
+    """Rollout base URLs notified of each new version, besides those in ``llds:{run_id}:rollout:replicas``."""
     notify_timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of one ``POST /admin/weights`` (or of one NCCL weight-transfer call to a replica)."""
     weight_sync: Literal["filesystem", "nccl"] = "filesystem"
@@ -131,7 +134,7 @@ class TrainerConfig(ServiceSettings):
     is_cap: float = Field(default=2.0, ge=1.0)
     """Upper clamp of the truncated importance weights."""
     staleness_k: int = Field(default=1, ge=0)
-    """Drop a group whose oldest token is more than K versions behind the trainer's version."""
+    """Drop a group whose oldest token is more than K real updates (lineage distance) behind the trainer."""
 
     # ---------------------------------------------------------------- queue
     claim_idle_ms: int = Field(default=60_000, ge=1)
@@ -141,13 +144,18 @@ class TrainerConfig(ServiceSettings):
 
     # ---------------------------------------------------------------- outputs
     checkpoint_every: int = Field(default=1, ge=1)
-    """Write a checkpoint every N steps; consumed groups are acknowledged only then."""
+    """Write a checkpoint every N steps (and on the last and on a stop); groups are acknowledged only then."""
+    consumed_window_steps: int = Field(default=64, ge=1)
+    """Steps whose group ids the checkpoint keeps for duplicate detection; must be >= checkpoint_every.
+    Enough because a trained entry is acknowledged right after the first checkpoint that holds its step,
+    so a redelivered entry was trained less than checkpoint_every steps before that checkpoint; the rest
+    of the window catches a group the rollout pushed twice (a retried XADD) a few steps apart."""
     keep_checkpoints: int = Field(default=2, ge=1)
     """Checkpoints kept (older ones deleted)."""
     resume: bool = True
     """Resume from the newest checkpoint in ``run_dir`` if one exists."""
     publish_every: int = Field(default=1, ge=1)
-    """Publish a new weights version every N steps."""
+    """Publish a new weights version every N steps (independent of ``checkpoint_every``)."""
     keep_versions: int = Field(default=3, ge=1)
     """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
 
@@ -170,11 +178,21 @@ class TrainerConfig(ServiceSettings):
     """W&B project name."""
     wandb_mode: Literal["offline", "online"] = "offline"
     """W&B mode; offline writes ``run_dir/wandb`` for a later ``wandb sync``."""
-    history_limit: int = Field(default=100_000, ge=1)
-    """Step records kept in memory for ``GET /history``."""
+    history_limit: int = Field(default=2000, ge=1)
+    """Step records kept in memory for ``GET /history`` (the full log stays in train_log.jsonl)."""
+
+    @field_validator("run_id")
+    @classmethod
+    def _run_id(cls, v: str) -> str:
+        return check_run_id(v)
 
     @model_validator(mode="after")
     def _check(self) -> TrainerConfig:
+        if self.consumed_window_steps < self.checkpoint_every:
+            raise ValueError(
+                f"consumed_window_steps ({self.consumed_window_steps}) must be >= checkpoint_every "
+                f"({self.checkpoint_every}): a redelivered entry can be that many steps old"
+            )
         if self.clip_eps >= 1:
             raise ValueError("clip_eps must be < 1")
         if self.dtype == "bfloat16" and self.device == "cpu":

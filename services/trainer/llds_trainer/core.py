@@ -17,6 +17,7 @@ import logging
 import math
 import shutil
 import time
+from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,6 +31,7 @@ from llds_trainer import checkpoint as ckpt
 from llds_trainer.batch import MicroBatch, Sample, collate, response_slice, samples_from_groups
 from llds_trainer.config import TrainerConfig
 from llds_trainer.dist import DistContext
+from llds_trainer.lineage import Lineage
 from llds_trainer.lld import LLDMonitor
 from llds_trainer.loss import (
     LLDSDetails,
@@ -119,14 +121,63 @@ class TrainState:
     step: int = 0
     """RL steps completed."""
     version: int = 0
-    """Newest weights version published (or about to be, see :meth:`Trainer.next_version`)."""
-    consumed: list[str] = field(default_factory=list)
-    """Group ids trained on, in order (a list, so a double-trained group would be visible)."""
+    """Version the current weights are published as (a publishing step bumps it before its
+    checkpoint, so a checkpoint names the version its weights go out as)."""
+    window: int = 64
+    """Steps whose consumed group ids are kept (``TrainerConfig.consumed_window_steps``)."""
+    lineage: Lineage = field(default_factory=Lineage)
+    """Versions that are not real updates (orphaned by a restart, restart aliases)."""
+    consumed_total: int = 0
+    """Groups trained on over the whole run (the window below forgets, this does not)."""
+    consumed_steps: deque[tuple[int, list[str]]] = field(default_factory=deque)
+    """``(step, group ids)`` of the last ``window`` steps, oldest first."""
     consumed_set: set[str] = field(default_factory=set)
+    """The ids of ``consumed_steps``, for duplicate detection."""
 
-    def add_consumed(self, ids: Sequence[str]) -> None:
-        self.consumed.extend(ids)
+    @property
+    def consumed(self) -> list[str]:
+        """Group ids of the window's steps in training order (a list: a double-trained id shows)."""
+        return [g for _, ids in self.consumed_steps for g in ids]
+
+    def add_consumed(self, step: int, ids: Sequence[str]) -> None:
+        """Record the groups of ``step``; the step that leaves the window is forgotten."""
+        self.consumed_steps.append((step, list(ids)))
         self.consumed_set.update(ids)
+        self.consumed_total += len(ids)
+        while len(self.consumed_steps) > self.window:
+            # Ids are unique in the window (duplicates are dropped before training), so the set
+            # loses exactly the ids of the step that leaves.
+            _, old = self.consumed_steps.popleft()
+            self.consumed_set.difference_update(old)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "step": self.step,
+            "version": self.version,
+            "consumed": self.consumed,
+            "consumed_steps": [[s, len(ids)] for s, ids in self.consumed_steps],
+            "consumed_total": self.consumed_total,
+            "lineage": self.lineage.state_dict(),
+        }
+
+    @classmethod
+    def from_state(cls, st: dict[str, Any], window: int) -> TrainState:
+        """Inverse of :meth:`state_dict` (checkpoints without the window layout hold one bucket)."""
+        out = cls(step=int(st["step"]), version=int(st["version"]), window=window)
+        out.lineage = Lineage.from_state(st.get("lineage"))
+        ids = list(st["consumed"])
+        layout = st.get("consumed_steps") or ([[out.step, len(ids)]] if ids else [])
+        if sum(n for _, n in layout) != len(ids):
+            raise ckpt.CheckpointError(f"consumed_steps {layout} does not add up to {len(ids)} consumed ids")
+        k = 0
+        for s, n in layout:
+            out.consumed_steps.append((int(s), ids[k : k + n]))
+            k += n
+        while len(out.consumed_steps) > window:
+            out.consumed_steps.popleft()
+        out.consumed_set = {g for _, b in out.consumed_steps for g in b}
+        out.consumed_total = int(st.get("consumed_total", len(ids)))
+        return out
 
 
 def lr_at(cfg: TrainerConfig, step: int) -> float:
@@ -177,7 +228,7 @@ class Trainer:
             weight_decay=cfg.weight_decay,
         )
         self.regularizer = build_regularizer(cfg)
-        self.state = TrainState()
+        self.state = TrainState(window=cfg.consumed_window_steps)
         self.monitor = LLDMonitor(
             window=cfg.lld_window,
             slope_threshold=cfg.lld_slope_threshold,
@@ -385,7 +436,8 @@ class Trainer:
         # Sums over ranks of the per-micro-batch diagnostics, so every rank logs the same record.
         sums = self.dist.all_reduce_sum(
             [sum(pg_losses), len(pg_losses), sum(llds_terms), len(llds_terms), sum(totals), sum(clip_fracs),
-             gated[0], gated[1], is_w_sum, is_w_n, is_trunc, train_tokens, sum(kl_terms), len(kl_terms)]
+             gated[0], gated[1], is_w_sum, is_w_n, is_trunc, train_tokens, sum(kl_terms), len(kl_terms),
+             sum(ent_terms), len(ent_terms)]
         )  # fmt: skip
         n_micro = max(sums[1], 1)
 
@@ -403,7 +455,10 @@ class Trainer:
             "loss/total": sums[4] / n_micro,
             "loss/policy": sums[0] / n_micro,
             "loss/llds": sums[2] / max(sums[3], 1) if sums[3] else 0.0,
+            # loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy + loss/llds
+            # (each a mean over the same micro-batches).
             "loss/kl": sums[12] / max(sums[13], 1) if sums[13] else None,
+            "loss/entropy": sums[14] / max(sums[15], 1) if sums[15] else None,
             "llds/gated_fraction": sums[6] / sums[7] if sums[7] else 0.0,
             "llds/answer_weight": ans_w,
             "actor/lr": lr,
@@ -522,16 +577,14 @@ class Trainer:
                 f"disk full or file size limit?): {e}; the previous checkpoint is untouched"
             ) from e
         state = {
-            "step": self.state.step,
-            "version": self.state.version,
-            "consumed": self.state.consumed,
+            **self.state.state_dict(),
             "monitor": self.monitor.state_dict(),
             "model_source": self.cfg.model,
         }
         return ckpt.commit(tmp, run_dir, self.state.step, state, self.cfg.keep_checkpoints)
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore model, optimizer, RNG, step, version, consumed ids and monitor history."""
+        """Restore model, optimizer, RNG, step, version, lineage, consumed ids and monitor history."""
         from safetensors.torch import load_file, load_model
 
         st = ckpt.read_state(path)
@@ -550,8 +603,7 @@ class Trainer:
             torch.set_rng_state(rng["torch"])
             if "cuda" in rng and torch.cuda.is_available():
                 torch.cuda.set_rng_state(rng["cuda"])
-        self.state = TrainState(step=int(st["step"]), version=int(st["version"]))
-        self.state.add_consumed(st["consumed"])
+        self.state = TrainState.from_state(st, self.cfg.consumed_window_steps)
         self.monitor.load_state_dict(st["monitor"])
 
 

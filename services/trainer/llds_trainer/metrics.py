@@ -62,6 +62,29 @@ class TrainerMetrics:
             "llds_trainer_checkpoint_seconds", "Last checkpoint's write time.", registry=r
         )
         self.publish_seconds = Gauge("llds_trainer_publish_seconds", "Last weights publish time.", registry=r)
+        self.stream_length = Gauge(
+            "llds_trainer_stream_length_entries",
+            "Entries in the run's trajectory stream (after trimming).",
+            registry=r,
+        )
+        self.consumer_lag = Gauge(
+            "llds_trainer_consumer_lag_entries",
+            "Stream entries not yet delivered to the trainers' group plus those pending.",
+            registry=r,
+        )
+        self.redis_memory = Gauge(
+            "llds_trainer_redis_used_memory_bytes", "Redis used_memory (INFO memory).", registry=r
+        )
+        self.trimmed = Counter(
+            "llds_trainer_stream_trimmed_entries_total",
+            "Acknowledged stream entries trimmed away.",
+            registry=r,
+        )
+        self.orphaned_versions = Counter(
+            "llds_trainer_orphaned_versions_total",
+            "Published versions a restart from an older checkpoint orphaned.",
+            registry=r,
+        )
         self.gauges = {k: Gauge(name, doc, registry=r) for k, (name, doc) in GAUGES.items()}
 
     def observe_step(self, rec: dict[str, Any]) -> None:

@@ -49,6 +49,19 @@ def is_published(weights_root: str | Path, version: int) -> bool:
     return (Path(weights_root) / version_dir_name(version) / MARKER).is_file()
 
 
+def newest_published(weights_root: str | Path) -> int:
+    """Highest version with a ``COMPLETE`` marker under ``weights_root``; 0 if none."""
+    root = Path(weights_root)
+    if not root.is_dir():
+        return 0
+    found = [
+        int(m.group(1))
+        for p in root.iterdir()
+        if (m := _VERSION_DIR.match(p.name)) and (p / MARKER).is_file()
+    ]
+    return max(found, default=0)
+
+
 def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
@@ -102,18 +115,20 @@ def publish_folder(
 
 
 def gc_versions(weights_root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` published versions and stray temp folders; returns what went."""
+    """Delete all but the newest ``keep`` version folders and every temp folder; returns what went.
+
+    Call only while no publish is in flight (after one, or at start-up): the trainer is the only
+    writer of ``weights_root``, so any temp folder then is a crashed attempt.
+    """
+    if not weights_root.is_dir():
+        return []
     versions = sorted(
         (int(m.group(1)), p)
         for p in weights_root.iterdir()
         if (m := _VERSION_DIR.match(p.name)) and p.is_dir()
     )
     gone = [p for _, p in versions[:-keep]]
-    newest = versions[-1][0] if versions else 0
-    for p in weights_root.glob(".v*"):
-        m = re.match(r"^\.v(\d{6})\.", p.name)
-        if m and int(m.group(1)) < newest:
-            gone.append(p)
+    gone.extend(p for p in weights_root.glob(".v*") if re.match(r"^\.v(\d{6})\.", p.name))
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone

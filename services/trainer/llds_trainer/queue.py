@@ -5,8 +5,12 @@ only after a durable checkpoint includes the optimizer step that used it (or aft
 purpose: undecodable, stale, or already in the checkpoint's consumed set). Unacknowledged entries stay
 in the pending list of the consumer that read them; a restarted trainer with the same consumer name
 first re-reads its own pending entries (ID ``0``), and entries of consumers idle for longer than
-``claim_idle_ms`` are taken over with ``XAUTOCLAIM``. Together with the consumed-id set in every
+``claim_idle_ms`` are taken over with ``XAUTOCLAIM``. Together with the consumed ids in every
 checkpoint: after a kill -9 at any point, no group is lost and none is trained twice.
+
+Acknowledged entries are trimmed away (:meth:`StreamQueue.trim`, ``XTRIM MINID``) so the stream
+does not grow for ever; an entry that is pending or not yet delivered to any consumer group is
+never trimmed.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, cast
 
 import redis
 
@@ -34,7 +39,7 @@ class Entry:
 
 
 class StreamQueue:
-    """Consumer-group reader of ``llds:trajectories`` for one named consumer."""
+    """Consumer-group reader of a run's trajectory stream (``RunKeys.stream``) for one named consumer."""
 
     def __init__(
         self,
@@ -132,6 +137,37 @@ class StreamQueue:
         """Forget entries fetched but not used (shutdown); they stay pending for the next run."""
         self.held.difference_update(e.entry_id for e in entries)
 
+    def trim(self) -> int:
+        """Delete the entries no consumer group still needs; returns how many went.
+
+        Needed are, per group, its pending entries and those after its last-delivered id, so the
+        stream is cut (``XTRIM MINID``, exact) below the smallest of: the oldest pending id, the id
+        right after the last-delivered one. The last-delivered id is read *before* the pending
+        summary: an entry delivered in between has a larger id than the one read, so it is never
+        below the cut. No group: nothing is known to be consumed, nothing is trimmed.
+        """
+        try:
+            groups = cast(list[dict[Any, Any]], self.r.xinfo_groups(self.stream))
+        except redis.ResponseError as e:
+            if "no such key" in str(e).lower():
+                return 0
+            raise
+        cut: tuple[int, int] | None = None
+        for g in groups:
+            name = _text(g.get("name") or g.get(b"name"))
+            need = _next_id(_parse_id(_text(g.get("last-delivered-id") or g.get(b"last-delivered-id"))))
+            summary = cast(dict[str, Any], self.r.xpending(self.stream, name))
+            if summary and int(summary.get("pending") or 0) > 0 and summary.get("min") is not None:
+                need = min(need, _parse_id(_text(summary["min"])))
+            cut = need if cut is None else min(cut, need)
+        if cut is None:
+            return 0
+        return int(self.r.xtrim(self.stream, minid=f"{cut[0]}-{cut[1]}", approximate=False))
+
+    def length(self) -> int:
+        """Entries in the stream now."""
+        return int(self.r.xlen(self.stream))
+
     def lag(self) -> int:
         """Entries in the stream not yet delivered to the group plus those pending (approximate)."""
         try:
@@ -145,3 +181,21 @@ class StreamQueue:
                 pending = g.get("pending") or g.get(b"pending") or 0
                 return int(lag) + int(pending)
         return 0
+
+
+def _text(v: object) -> str:
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _parse_id(entry_id: str) -> tuple[int, int]:
+    ms, _, seq = entry_id.partition("-")
+    return int(ms), int(seq or 0)
+
+
+_MAX_SEQ = 2**64 - 1
+
+
+def _next_id(entry_id: tuple[int, int]) -> tuple[int, int]:
+    """The smallest stream id greater than ``entry_id``."""
+    ms, seq = entry_id
+    return (ms + 1, 0) if seq == _MAX_SEQ else (ms, seq + 1)

@@ -1,18 +1,20 @@
-"""The trainer service loop: queue -> step -> log -> checkpoint -> ack -> publish -> notify.
+"""The trainer service loop: queue -> step -> log -> checkpoint -> ack -> trim -> publish -> info.
 
 Ordering is what makes a kill -9 at any point safe (see :mod:`llds_trainer.queue`):
 
-1. fetch groups (they stay pending in Redis); drop stale / duplicate / undecodable ones (acked);
+1. fetch groups (they stay pending in Redis); drop invalid / foreign / duplicate / empty / ahead /
+   orphaned / stale ones (acknowledged, counted by reason);
 2. train one step; append its record to ``train_log.jsonl``;
-3. if the step publishes, bump the version *before* the checkpoint, so the checkpoint names the
-   version its weights are published as; checkpoint (atomic rename) every ``checkpoint_every`` steps
-   and on every publishing step;
-4. acknowledge the groups the checkpoint covers;
-5. publish the folder (marker last), set ``llds:trainer:version``, notify the rollout replicas
-   (``weight_sync = "nccl"``: no folder; the weights go to the replicas over NCCL, :mod:`llds_trainer.nccl_sync`).
+3. if the step publishes, bump the version *before* any checkpoint, so a checkpoint names the version
+   its weights go out as; checkpoint (atomic rename) every ``checkpoint_every`` steps, on the last
+   step and when stopped; acknowledge the groups the checkpoint covers, trim the stream;
+4. if the step publishes: write the folder (marker last), set the run's version key, notify the
+   rollout replicas (``weight_sync = "nccl"``: no folder, :mod:`llds_trainer.nccl_sync`);
+5. write :class:`llds_proto.messages.TrainerInfo` (admission control of the rollouts).
 
-On restart: load the newest checkpoint, cut ``train_log.jsonl`` back to its step, and finish a
-publish that the crash interrupted (the checkpoint's weights are exactly that version's).
+Publishing and checkpointing have independent cadences, so a restart may come back to weights older
+than what was published: :mod:`llds_trainer.lineage` then orphans the lost versions and republishes
+the restored weights under a fresh number. On every start the current version is republished.
 """
 
 from __future__ import annotations
@@ -28,9 +30,10 @@ from typing import Any
 
 from llds_proto import streams
 from llds_proto.codec import decode_group, encode_group
-from llds_proto.messages import TrajectoryGroup, WeightUpdateNotice
+from llds_proto.messages import TrainerInfo, TrajectoryGroup, WeightUpdateNotice
 from llds_trainer.config import TrainerConfig
 from llds_trainer.faults import failpoint
+from llds_trainer.lineage import Lineage
 from llds_trainer.metrics import TrainerMetrics
 
 log = logging.getLogger("llds.trainer")
@@ -39,11 +42,16 @@ TRAIN_LOG = "train_log.jsonl"
 CONFIG_FILE = "trainer_config.toml"
 
 
+class VersionKeyError(RuntimeError):
+    """The run's version key in Redis holds something other than a version number."""
+
+
 class TrainerService:
     """Owns the trainer, the queue and the outputs of one process; the HTTP app reads its state."""
 
     def __init__(self, cfg: TrainerConfig, admin_token: str | None = None):
         self.cfg = cfg
+        self.keys = streams.RunKeys(cfg.run_id)
         self.admin_token = admin_token
         self.state = "starting"
         self.error: str | None = None
@@ -56,7 +64,7 @@ class TrainerService:
         self.redis: Any = None
         self.tokenizer: Any = None
         self._unacked: list[str] = []
-        self._unacked_groups: list[str] = []
+        """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
         self.completed_step = 0
         self.run_dir = Path(cfg.run_dir)
         self.writers: list[Any] = []
@@ -85,7 +93,7 @@ class TrainerService:
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
             # Ride out a Redis restart (~1 min of retries) instead of failing mid-step: every command
-            # the trainer sends is safe to repeat (XACK, SADD, SET; a lost XREADGROUP reply leaves the
+            # the trainer sends is safe to repeat (XACK, XTRIM, SET; a lost XREADGROUP reply leaves the
             # entries pending, and XAUTOCLAIM hands them back).
             self.redis = redis.Redis.from_url(
                 self.cfg.redis_url, retry=Retry(ExponentialBackoff(cap=2.0, base=0.1), retries=30)
@@ -95,6 +103,7 @@ class TrainerService:
                 self.cfg.consumer_name,
                 claim_idle_ms=self.cfg.claim_idle_ms,
                 block_ms=self.cfg.read_block_ms,
+                stream=self.keys.stream,
             )
             self.queue.ensure_group()
         latest = ckpt.latest_checkpoint(self.cfg.run_dir) if self.cfg.resume else None
@@ -106,6 +115,7 @@ class TrainerService:
                 self.trainer.state.step,
                 self.trainer.state.version,
             )
+        plan: tuple[int, dict[str, Any]] | None = None
         if dist.is_main:
             self._cut_log(self.trainer.state.step)
             from llds_trainer.tracking import make_writers
@@ -117,13 +127,54 @@ class TrainerService:
                 wandb_mode=self.cfg.wandb_mode,
                 config=self.cfg.model_dump(mode="json"),
             )
+            plan = self._resume_version()
+        # Every rank needs the version: the "stale" importance correction compares token versions to it.
+        version, lineage = dist.broadcast_object(plan)
+        self.trainer.state.version = version
+        self.trainer.state.lineage = Lineage.from_state(lineage)
+        if dist.is_main:
             self.completed_step = self.trainer.state.step
             self.metrics.step.set(self.trainer.state.step)
-            self.metrics.version.set(self.trainer.state.version)
-            if self.trainer.state.version > 0:
-                self._publish(self.trainer.state.version, self.trainer.state.step)
+            # Always republish on start: a rollout waiting for this version (or one that lost it)
+            # gets it now instead of waiting for the next step's publish.
+            self._publish(self.trainer.state.version, self.trainer.state.step)
+            if self.cfg.weight_sync == "filesystem":
+                from llds_trainer.publish import gc_versions
+
+                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions)
+            self._write_info()
+            self._tidy_stream()
         dist.barrier()
         self.state = "waiting"
+
+    def _published_version(self) -> int:
+        """Highest version that may have reached a rollout: a complete folder or the version key."""
+        from llds_trainer.publish import newest_published
+
+        raw = self.redis.get(self.keys.trainer_version)
+        in_redis = 0
+        if raw is not None:
+            try:
+                in_redis = int(raw)
+            except ValueError as e:
+                raise VersionKeyError(
+                    f"{self.keys.trainer_version} holds {raw!r}, not a version number"
+                ) from e
+        return max(newest_published(self.cfg.weights_root), in_redis)
+
+    def _resume_version(self) -> tuple[int, dict[str, Any]]:
+        """The version to (re)publish the restored weights as, and the lineage that goes with it."""
+        st = self.trainer.state
+        published = self._published_version()
+        version, lost = st.lineage.restart(st.version, published)
+        if lost is not None:
+            self.metrics.orphaned_versions.inc(lost[1] - lost[0] + 1)
+            log.warning(
+                "checkpoint step %d holds version %d but versions up to %d were published: "
+                "versions %d..%d orphaned (their groups will be dropped), restored weights are version %d",
+                st.step, st.version, published, lost[0], lost[1], version,
+            )  # fmt: skip
+        return version, st.lineage.state_dict()
 
     def _cut_log(self, step: int) -> None:
         """Keep the records of checkpointed steps only (a crash may have logged a lost step)."""
@@ -147,51 +198,49 @@ class TrainerService:
 
     def run(self) -> None:
         """Train until ``steps`` (or forever, or a stop request)."""
+        st = self.trainer.state
         while not self.done and not self.stop_event.is_set():
             groups, entry_ids = self._next_batch()
             if groups is None:
                 break
             self.state = "training"
-            step = self.trainer.state.step + 1
+            step = st.step + 1
             failpoint("after_fetch", step)
             rec = self.trainer.train_step(groups)
             failpoint("after_train", step)
-            self.trainer.state.add_consumed([g.group_id for g in groups])
+            st.add_consumed(step, [g.group_id for g in groups])
             publishing = step % self.cfg.publish_every == 0
             if publishing:
-                self.trainer.state.version += 1
-            rec["weights/version"] = self.trainer.state.version
+                st.version += 1
+                st.lineage.prune(st.version, self.cfg.staleness_k)
+            rec["weights/version"] = st.version
             if self.trainer.dist.is_main:
-                self._after_step(step, rec, entry_ids, [g.group_id for g in groups], publishing)
+                self._after_step(step, rec, entry_ids, publishing)
             self.trainer.dist.barrier()
             self.state = "waiting"
+        if self.trainer.dist.is_main and self._unacked:
+            # Stopped between checkpoints: checkpoint what was trained, so it is not trained again.
+            self._checkpoint(st.step)
+            self._write_info()
+            self._tidy_stream()
         self.state = "done" if self.done else "stopped"
 
-    def _after_step(
-        self, step: int, rec: dict[str, Any], entry_ids: list[str], group_ids: list[str], publishing: bool
-    ) -> None:
+    def _after_step(self, step: int, rec: dict[str, Any], entry_ids: list[str], publishing: bool) -> None:
         with open(self.run_dir / TRAIN_LOG, "a") as f:
             f.write(json.dumps(rec) + "\n")
         for w in self.writers:
             w.write(step, rec)
         failpoint("after_log", step)
         self._unacked.extend(entry_ids)
-        self._unacked_groups.extend(group_ids)
-        if publishing or step % self.cfg.checkpoint_every == 0 or (self.cfg.steps and step >= self.cfg.steps):
-            t = time.perf_counter()
-            path = self.trainer.save_checkpoint(self.run_dir)
-            self.metrics.checkpoint_seconds.set(time.perf_counter() - t)
-            failpoint("after_checkpoint", step)
-            self.queue.ack(self._unacked)
-            if self._unacked_groups:
-                self.redis.sadd(streams.CONSUMED_KEY, *self._unacked_groups)
-            log.info("step %d checkpointed to %s, acked %d entries", step, path, len(self._unacked))
-            self._unacked, self._unacked_groups = [], []
-            failpoint("after_ack", step)
+        if step % self.cfg.checkpoint_every == 0 or self.done:
+            self._checkpoint(step)
         if publishing:
             self._publish(self.trainer.state.version, step)
             failpoint("after_publish", step)
-        # The step becomes visible over HTTP only once it is checkpointed and published.
+        self._write_info()
+        self._tidy_stream()
+        # The step becomes visible over HTTP once its checkpoint and publish (if any) are done; a
+        # step after the last checkpoint is trained again after a crash, and its record replaced.
         with self.lock:
             self.history.append(rec)
             self.completed_step = step
@@ -200,6 +249,41 @@ class TrainerService:
             "step %d reward %.3f loss %.4f llds %.5f alarm %s (%.1f s)",
             step, rec["reward/mean"], rec["loss/total"], rec["loss/llds"], self.trainer.monitor.state, rec["perf/step_s"],
         )  # fmt: skip
+
+    def _checkpoint(self, step: int) -> None:
+        """Checkpoint the trainer, then acknowledge every entry it now covers."""
+        t = time.perf_counter()
+        path = self.trainer.save_checkpoint(self.run_dir)
+        self.metrics.checkpoint_seconds.set(time.perf_counter() - t)
+        failpoint("after_checkpoint", step)
+        self.queue.ack(self._unacked)
+        log.info("step %d checkpointed to %s, acked %d entries", step, path, len(self._unacked))
+        self._unacked = []
+        failpoint("after_ack", step)
+
+    def _write_info(self) -> None:
+        """What the rollouts' admission control reads (``RunKeys.trainer_info``)."""
+        st = self.trainer.state
+        info = TrainerInfo(
+            run_id=self.cfg.run_id,
+            version=st.version,
+            step=st.step,
+            groups_per_step=self.cfg.groups_per_step,
+            publish_every=self.cfg.publish_every,
+            staleness_k=self.cfg.staleness_k,
+            trained_unacked=len(self._unacked),
+        )
+        self.redis.set(self.keys.trainer_info, info.model_dump_json())
+
+    def _tidy_stream(self) -> None:
+        """Trim what every consumer group is done with; export the stream and Redis sizes."""
+        n = self.queue.trim()
+        if n:
+            self.metrics.trimmed.inc(n)
+            log.info("trimmed %d acknowledged entries from %s", n, self.keys.stream)
+        self.metrics.stream_length.set(self.queue.length())
+        self.metrics.consumer_lag.set(self.queue.lag())
+        self.metrics.redis_memory.set(int(self.redis.info("memory")["used_memory"]))
 
     def _next_batch(self) -> tuple[list[TrajectoryGroup] | None, list[str]]:
         """Rank 0 reads ``groups_per_step`` usable groups and broadcasts them; None on stop."""
@@ -218,7 +302,7 @@ class TrainerService:
         want = self.cfg.groups_per_step
         groups: list[TrajectoryGroup] = []
         ids: list[str] = []
-        seen = set()
+        seen: set[str] = set()
         while len(groups) < want:
             if self.stop_event.is_set():
                 self.queue.release([])
@@ -245,13 +329,20 @@ class TrainerService:
         if e.group is None:
             return "invalid"
         g = e.group
-        if g.group_id in self.trainer.state.consumed_set or g.group_id in seen:
+        st = self.trainer.state
+        if g.run_id and g.run_id != self.cfg.run_id:
+            return "foreign"
+        if g.group_id in st.consumed_set or g.group_id in seen:
             return "duplicate"
-        mv = g.min_version
-        if mv >= 0 and mv < self.trainer.state.version - self.cfg.staleness_k:
-            return "stale"
         if not any(any(t.loss_mask) for t in g.trajectories):
             return "empty"
+        if g.max_version > st.version:
+            return "ahead"
+        sampled = {v for t in g.trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m}
+        if st.lineage.any_orphaned(sampled):
+            return "orphaned"
+        if st.lineage.distance(g.min_version, st.version) > self.cfg.staleness_k:
+            return "stale"
         return None
 
     # ------------------------------------------------------------------ publishing
@@ -259,8 +350,12 @@ class TrainerService:
         from llds_trainer.publish import is_published, notify_replicas, publish_folder, version_dir_name
 
         t = time.perf_counter()
-        # With NCCL the weights travel GPU to GPU; the checkpoint already holds this version.
-        if self.cfg.weight_sync == "filesystem" and not is_published(self.cfg.weights_root, version):
+        # With NCCL the weights travel GPU to GPU. Version 0 is the initial model the replicas load.
+        if (
+            self.cfg.weight_sync == "filesystem"
+            and version > 0
+            and not is_published(self.cfg.weights_root, version)
+        ):
             path = publish_folder(
                 self.trainer.model,
                 self.tokenizer,
@@ -271,10 +366,12 @@ class TrainerService:
             )
             log.info("published version %d (step %d) to %s", version, step, path)
         self.metrics.publish_seconds.set(time.perf_counter() - t)
-        self.redis.set(streams.DEFAULT_KEYS.trainer_version, str(version))
+        self.redis.set(self.keys.trainer_version, str(version))
         self.metrics.version.set(version)
+        if version == 0:
+            return  # the replicas start from the initial model: nothing to send
         urls = list(self.cfg.notify_urls)
-        for u in self.redis.hgetall(streams.DEFAULT_KEYS.registry).values():
+        for u in self.redis.hgetall(self.keys.registry).values():
             u = u.decode() if isinstance(u, bytes) else str(u)
             if u not in urls:
                 urls.append(u)
@@ -308,7 +405,7 @@ class TrainerService:
             "step": self.completed_step,
             "target_steps": self.cfg.steps,
             "weights_version": t.state.version if t else 0,
-            "groups_consumed": len(t.state.consumed) if t else 0,
+            "groups_consumed": t.state.consumed_total if t else 0,
             "lld_alarm": t.monitor.state if t else "ok",
             "last_step": last,
             "error": self.error,

@@ -48,7 +48,7 @@ def test_llds_is_zero_with_a_single_update_per_step(tiny_model_dir: Path, groups
 def test_resume_gives_the_same_next_step(tiny_model_dir: Path, groups: list[Any], tmp_path: Path) -> None:
     a = Trainer(_cfg(tiny_model_dir))
     a.train_step(groups[:2])
-    a.state.add_consumed([g.group_id for g in groups[:2]])
+    a.state.add_consumed(1, [g.group_id for g in groups[:2]])
     path = a.save_checkpoint(tmp_path / "run")
     want = a.train_step(groups[2:])
     b = Trainer(_cfg(tiny_model_dir))

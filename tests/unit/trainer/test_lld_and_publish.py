@@ -67,17 +67,60 @@ def test_publish_writes_marker_last_and_gcs(tiny_model_dir: Path, tokenizer: Any
     assert tmp_path / ".v000001.crashed" in gc_versions(tmp_path, keep=2)
 
 
-def test_stale_groups_are_dropped(tokenizer: Any) -> None:
+def _service(version: int, lineage: Any = None, **cfg: Any) -> Any:
     from llds_trainer.config import TrainerConfig
-    from llds_trainer.queue import Entry
+    from llds_trainer.core import TrainState
+    from llds_trainer.lineage import Lineage
     from llds_trainer.service import TrainerService
+
+    svc = TrainerService(TrainerConfig(**cfg))
+    st = TrainState(version=version, lineage=lineage or Lineage())
+    st.add_consumed(1, ["old"])
+    svc.trainer = SimpleNamespace(state=st)
+    return svc
+
+
+def test_drop_reasons(tokenizer: Any) -> None:
+    from llds_trainer.queue import Entry
     from llds_trainer.synthetic import synthetic_groups
 
-    svc = TrainerService(TrainerConfig(staleness_k=1))
-    svc.trainer = SimpleNamespace(state=SimpleNamespace(version=3, consumed_set={"old"}))
-    g_v1 = synthetic_groups(tokenizer, 1, 2, version=1, think_words=2, doc_words=3)[0]
-    g_v2 = synthetic_groups(tokenizer, 1, 2, version=2, think_words=2, doc_words=3, start_index=5)[0]
+    svc = _service(3, staleness_k=1, run_id="run-a")
+
+    def group(version: int, index: int, run_id: str = "") -> Any:
+        g = synthetic_groups(tokenizer, 1, 2, version=version, think_words=2, doc_words=3, start_index=index)[0]
+        return g.model_copy(update={"run_id": run_id})
+
+    g_v1, g_v2 = group(1, 0), group(2, 5)
     assert svc._drop_reason(Entry("1-0", g_v1), set()) == "stale"
     assert svc._drop_reason(Entry("1-1", g_v2), set()) is None
     assert svc._drop_reason(Entry("1-2", g_v2), {g_v2.group_id}) == "duplicate"
     assert svc._drop_reason(Entry("1-3", None, "bad"), set()) == "invalid"
+    assert svc._drop_reason(Entry("1-4", group(3, 6, "run-b")), set()) == "foreign"
+    assert svc._drop_reason(Entry("1-5", group(3, 7, "run-a")), set()) is None  # own run
+    assert svc._drop_reason(Entry("1-6", group(3, 8)), set()) is None  # groups without a run id pass
+    assert svc._drop_reason(Entry("1-7", group(4, 9)), set()) == "ahead"
+    assert svc._drop_reason(Entry("1-8", group(3, 0).model_copy(update={"group_id": "old"})), set()) == "duplicate"
+
+
+def test_orphaned_and_lineage_stale_drops(tokenizer: Any) -> None:
+    from llds_trainer.lineage import Lineage
+    from llds_trainer.queue import Entry
+    from llds_trainer.synthetic import synthetic_groups
+
+    # Checkpoint at version 3, versions up to 5 had gone out: 4, 5 orphaned, 6 = the restored weights.
+    lin = Lineage()
+    assert lin.restart(3, 5) == (6, (4, 5))
+    svc = _service(7, lin, staleness_k=1)
+    by_version = {
+        v: synthetic_groups(tokenizer, 1, 2, version=v, think_words=2, doc_words=3, start_index=v)[0]
+        for v in range(1, 8)
+    }
+    reasons = {v: svc._drop_reason(Entry(f"2-{v}", g), set()) for v, g in by_version.items()}
+    # 7 is 0 real updates behind, 6 (alias) and 3 are 1 behind (only 7 is real in (3, 7]), 2 is 2 behind.
+    assert reasons == {1: "stale", 2: "stale", 3: None, 4: "orphaned", 5: "orphaned", 6: None, 7: None}
+    # One orphaned token is enough, even in a group whose other tokens are current.
+    mixed = by_version[7].model_copy(deep=True)
+    t = mixed.trajectories[0]
+    first = t.loss_mask.index(1)
+    t.versions[first] = 5
+    assert svc._drop_reason(Entry("2-9", mixed), set()) == "orphaned"
