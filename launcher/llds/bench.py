@@ -5,6 +5,9 @@ section (``docs/<service>_bench.md``); this stitches them, with the command that
 into BENCHMARKS.md.
 
     llds bench all [--quick] [--only retriever,trainer]
+
+The soak (``llds bench soak``, launcher/llds/soak.py) runs for many minutes, so ``all`` does not run
+it; its section (``docs/soak_bench.md``, written by ``llds bench soak --out``) is stitched in too.
 """
 
 from __future__ import annotations
@@ -26,6 +29,25 @@ run in the same process or run, on the machine named in each section. Regenerate
 """
 
 
+SOAK_PLACEHOLDER = """# Soak: `llds up` for many steps, nothing may keep growing
+
+Not measured yet. Command: `llds bench soak --preset tiny --steps 500 --out docs/soak_bench.md`
+(then `llds bench all --stitch-only`).
+
+It runs the whole system as `llds up` does and every 10 trainer steps samples, from /proc, each
+service's resident memory, open file descriptors and process count (the service and everything in
+its session, e.g. vLLM's engine process; the launcher too), Redis `used_memory` and the run's
+stream length (XLEN), the run dir's bytes and its checkpoint and weights-version counts, into
+`RUN_DIR/soak_samples.jsonl`. Leaving out the first 20% of the steps, it fits each series'
+least-squares slope per step; growth = slope x steps measured. The run fails (exit 1, naming the
+series) when a checked series grows more than the larger of a fraction of its median and an absolute
+floor: memory 10% / 64 MiB, open files 10% / 16, processes 2, Redis memory 10% / 1 MiB, stream
+length 16 entries, run-dir state (checkpoints, weights, configs) 25% / 16 MiB, checkpoints and
+weight versions 1. Logs and the Redis append-only file grow by design and are reported only.
+"""
+"""BENCHMARKS.md's soak section until ``llds bench soak --out docs/soak_bench.md`` has run."""
+
+
 def section_path(name: str) -> Path:
     return ROOT / "docs" / f"{name}_bench.md"
 
@@ -42,6 +64,8 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
     extra = ROOT / "docs" / "load_bench.md"
     if extra.exists():
         parts.append(extra.read_text().strip() + "\n")
+    soak = section_path("soak")
+    parts.append((soak.read_text() if soak.exists() else SOAK_PLACEHOLDER).strip() + "\n")
     out.write_text("\n".join(parts))
     return out
 
@@ -68,6 +92,13 @@ def rollout_main(argv: list[str]) -> int:
     from llds_rollout.bench import main as bench_main
 
     return bench_main(_with_default_model(argv))
+
+
+def soak_main(argv: list[str]) -> int:
+    """``llds bench soak``: the whole system for N steps, checked for growth."""
+    from llds.soak import main as soak
+
+    return soak(argv)
 
 
 def trainer_main(argv: list[str]) -> int:

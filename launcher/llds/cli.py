@@ -46,6 +46,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("bench", "rollout"): ("llds.bench", "rollout_main", "async vs synchronous rollout, swap time"),
     ("bench", "trainer"): ("llds.bench", "trainer_main", "GRPO vs GRPO+LLDS step time"),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),
+    ("bench", "soak"): (
+        "llds.bench",
+        "soak_main",
+        "the whole system for N steps: fails if anything keeps growing",
+    ),
     ("assets",): ("llds.assets", "main", "build the offline model assets (SmolLM2, tiny test model)"),
 }
 

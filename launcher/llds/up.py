@@ -233,9 +233,10 @@ def _port(port: int) -> int:
 class Up:
     """One run of the system: a fresh one, or with ``resume`` the continuation of ``cfg.run_dir``."""
 
-    def __init__(self, cfg: UpConfig, resume: bool = False):
+    def __init__(self, cfg: UpConfig, resume: bool = False, echo: bool = True):
         self.cfg = cfg
         self.resume = resume
+        self.echo = echo  # children's output on the console too (their log files get it either way)
         self.run_dir = (cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
         self.run_id = read_run_id(self.run_dir) if resume else run_id_for(self.run_dir)
         self.weights_root = self.run_dir / "weights"
@@ -381,7 +382,9 @@ class Up:
         names = ["retriever", "rollout", "trainer"] + (["dashboard"] if cfg.dashboard else [])
         for name in names:
             argv, env = self.spec(name)
-            self.children.append(Child(name=name, argv=argv, log_path=logs / f"{name}.log", env=env).start())
+            self.children.append(
+                Child(name=name, argv=argv, log_path=logs / f"{name}.log", env=env).start(self.echo)
+            )
         for child in self.children:
             waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)
             print(f"{child.name:<9} healthy after {waited:.1f} s at {self.url(child.name)}")
@@ -443,7 +446,7 @@ class Up:
         print(f"{child.name} died ({exit_status(code)}; log {child.log_path}); "
               f"restarting it ({child.restarts}/{self.cfg.max_restarts})", flush=True)  # fmt: skip
         child.argv, child.env = self.spec(child.name)
-        child.start()
+        child.start(self.echo)
         waited = wait_healthy(child, f"{self.url(child.name)}/health", self.cfg.health_timeout_s)
         print(f"{child.name:<9} restarted, healthy after {waited:.1f} s", flush=True)
 

@@ -1,0 +1,420 @@
+"""``llds bench soak``: run the whole system for N steps and fail if anything keeps growing.
+
+Runs what ``llds up`` runs (Redis, retriever, rollout, trainer, dashboard) for ``--steps`` training
+steps and every ``--sample-every`` steps samples, from /proc, each service's resident memory, open
+file descriptors and process count (the service's process and everything in its session, such as
+vLLM's engine process), the launcher's own, Redis ``used_memory`` and the run's stream length
+(XLEN), the run dir's bytes and its checkpoint and weights-version counts. The samples go to
+``RUN_DIR/soak_samples.jsonl``. After the warm-up fraction each series' least-squares slope per
+step, times the steps measured, is its growth; a checked series that grows more than its tolerance
+fails the benchmark (exit 1, naming it). Series that grow by design (logs, the Redis append-only
+file) are reported, never checked.
+
+    llds bench soak --preset tiny --steps 500 --out docs/soak_bench.md   # the benchmark
+    llds bench soak --preset tiny --steps 4 --sample-every 1 --report-only   # smoke run
+"""
+
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import json
+import os
+import signal
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from llds.up import Up
+
+MIB = 1 << 20
+
+
+@dataclass(frozen=True)
+class Tolerance:
+    """Growth a series may show over the measured steps: ``rel`` of its median or ``abs`` in its
+    unit, whichever is larger (the absolute floor keeps small series out of noise)."""
+
+    rel: float
+    abs: float
+
+    def allowed(self, median: float) -> float:
+        return max(self.rel * abs(median), self.abs)
+
+
+TOLERANCES: tuple[tuple[str, Tolerance | None], ...] = (
+    ("rss_bytes/*", Tolerance(0.10, 64 * MIB)),
+    ("open_files/*", Tolerance(0.10, 16)),
+    ("processes/*", Tolerance(0.0, 2)),
+    ("redis/used_memory_bytes", Tolerance(0.10, 1 * MIB)),
+    ("redis/stream_length", Tolerance(0.0, 16)),
+    ("run_dir/state_bytes", Tolerance(0.25, 16 * MIB)),
+    ("run_dir/checkpoints", Tolerance(0.0, 1)),
+    ("run_dir/weight_versions", Tolerance(0.0, 1)),
+    ("run_dir/log_bytes", None),
+    ("run_dir/redis_bytes", None),
+    ("run_dir/total_bytes", None),
+)
+"""Series name pattern -> tolerance, first match wins; None: reported only (grows by design: logs and
+the append-only file, which Valkey rewrites only past 64 MiB)."""
+
+LOG_SUFFIXES = (".log", ".jsonl", ".csv")
+"""Files that grow by design wherever they are (service logs, train_log.jsonl, the samples)."""
+
+
+def tolerance_of(series: str) -> Tolerance | None:
+    for pattern, tol in TOLERANCES:
+        if fnmatch.fnmatchcase(series, pattern):
+            return tol
+    return None
+
+
+# ---------------------------------------------------------------------------- /proc
+
+
+def process_table() -> dict[int, tuple[int, int]]:
+    """pid -> (parent pid, session id) of every process now."""
+    out: dict[int, tuple[int, int]] = {}
+    for name in os.listdir("/proc"):
+        if not name.isdigit():
+            continue
+        try:
+            with open(f"/proc/{name}/stat", "rb") as f:
+                stat = f.read()
+        except OSError:
+            continue  # exited meanwhile
+        # after "pid (comm) ": state ppid pgrp session ... (comm may hold spaces and parentheses)
+        fields = stat[stat.rindex(b")") + 2 :].split()
+        out[int(name)] = (int(fields[1]), int(fields[3]))
+    return out
+
+
+def process_tree(root: int, table: dict[int, tuple[int, int]], session: bool) -> set[int]:
+    """``root`` and its descendants; with ``session`` also every process in the session ``root``
+    leads (a service's children that outlived their parent)."""
+    pids = {root} if root in table else set()
+    if session:
+        pids |= {p for p, (_, sid) in table.items() if sid == root}
+    children: dict[int, list[int]] = {}
+    for p, (ppid, _) in table.items():
+        children.setdefault(ppid, []).append(p)
+    frontier = list(pids)
+    while frontier:
+        for c in children.get(frontier.pop(), []):
+            if c not in pids:
+                pids.add(c)
+                frontier.append(c)
+    return pids
+
+
+def rss_bytes(pid: int) -> int:
+    """Resident memory of ``pid`` (VmRSS), 0 for a process without one or gone."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def open_files(pid: int) -> int:
+    """Open file descriptors of ``pid`` (files, sockets, pipes), 0 if gone."""
+    try:
+        return len(os.listdir(f"/proc/{pid}/fd"))
+    except OSError:
+        return 0
+
+
+def usage(pids: set[int]) -> dict[str, int]:
+    return {
+        "rss_bytes": sum(rss_bytes(p) for p in pids),
+        "open_files": sum(open_files(p) for p in pids),
+        "processes": len(pids),
+    }
+
+
+def run_dir_usage(run_dir: Path) -> dict[str, int]:
+    """Bytes of the run dir split into state (checkpoints, weights, configs: bounded by the keep
+    settings), logs and Redis data; checkpoint and weight-version counts."""
+    total = logs = redis_bytes = 0
+    for dirpath, _, files in os.walk(run_dir):
+        rel = Path(dirpath).relative_to(run_dir)
+        for name in files:
+            try:
+                size = os.lstat(os.path.join(dirpath, name)).st_size
+            except OSError:
+                continue  # rotated away meanwhile
+            total += size
+            if rel.parts[:1] == ("redis",):
+                redis_bytes += size
+            elif rel.parts[:1] == ("logs",) or name.endswith(LOG_SUFFIXES):
+                logs += size
+    ckpts = run_dir / "trainer" / "checkpoints"
+    weights = run_dir / "weights"
+    return {
+        "total_bytes": total,
+        "state_bytes": total - logs - redis_bytes,
+        "log_bytes": logs,
+        "redis_bytes": redis_bytes,
+        "checkpoints": sum(1 for p in ckpts.glob("step_*") if p.is_dir()) if ckpts.is_dir() else 0,
+        "weight_versions": sum(1 for p in weights.glob("v*") if (p / "COMPLETE").is_file())
+        if weights.is_dir()
+        else 0,
+    }
+
+
+# ---------------------------------------------------------------------------- sampling
+
+
+class Sampler:
+    """Samples a running :class:`llds.up.Up` into ``RUN_DIR/soak_samples.jsonl``."""
+
+    def __init__(self, up: Up, every: int, path: Path | None = None):
+        self.up = up
+        self.every = every
+        self.path = path or up.run_dir / "soak_samples.jsonl"
+        self.samples: list[dict[str, float]] = []
+        self.next_step = 0
+        self.t0 = time.monotonic()
+
+    def on_status(self, status: dict[str, object]) -> None:
+        """``Up.wait_for_steps`` hook: sample when the trainer has moved ``every`` steps on."""
+        step = int(str(status.get("step") or 0))
+        if step >= self.next_step:
+            self.sample(step)
+            self.next_step = step + self.every
+
+    def sample(self, step: int) -> dict[str, float]:
+        from llds_proto.streams import RunKeys
+
+        up = self.up
+        rec: dict[str, float] = {"t": round(time.monotonic() - self.t0, 2), "step": step}
+        table = process_table()
+        groups = {"launcher": {os.getpid()}}
+        for child in up.children:
+            if child.running():
+                groups[child.name] = process_tree(child.pid, table, session=True)
+        if up.redis is not None and up.redis.proc is not None:
+            groups["redis"] = process_tree(up.redis.proc.pid, table, session=False)
+        for name, pids in groups.items():
+            for k, v in usage(pids).items():
+                rec[f"{k}/{name}"] = v
+        import redis
+
+        try:
+            client = redis.Redis.from_url(up.redis_url, socket_timeout=5)
+            rec["redis/used_memory_bytes"] = int(client.info("memory")["used_memory"])
+            rec["redis/stream_length"] = int(client.xlen(RunKeys(up.run_id).stream))
+        except redis.RedisError:
+            pass  # a missing point, not a zero
+        for k, v in run_dir_usage(up.run_dir).items():
+            rec[f"run_dir/{k}"] = v
+        self.samples.append(rec)
+        with self.path.open("a") as f:
+            f.write(json.dumps(rec) + "\n")
+        print(progress_line(rec, up.cfg.steps), flush=True)
+        return rec
+
+
+def _fmt(series: str, v: float) -> str:
+    if "bytes" in series:
+        return f"{v / MIB:.1f} MiB"
+    return f"{v:.3g}" if abs(v) < 1000 else f"{v:.0f}"
+
+
+def progress_line(rec: dict[str, float], steps: int) -> str:
+    rss = sum(v for k, v in rec.items() if k.startswith("rss_bytes/"))
+    return (
+        f"soak step {int(rec['step'])}/{steps}  t {rec['t']:.0f} s  rss {rss / MIB:.0f} MiB  "
+        f"stream {rec.get('redis/stream_length', '?')}  redis {_fmt('bytes', rec.get('redis/used_memory_bytes', 0))}  "
+        f"run dir {_fmt('bytes', rec['run_dir/total_bytes'])}"
+    )
+
+
+# ---------------------------------------------------------------------------- analysis
+
+
+def slope(xs: list[float], ys: list[float]) -> float:
+    """Least-squares slope of ``ys`` over ``xs`` (0 when ``xs`` do not vary)."""
+    mx, my = statistics.fmean(xs), statistics.fmean(ys)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    if sxx == 0:
+        return 0.0
+    return sum((x - mx) * (y - my) for x, y in zip(xs, ys, strict=True)) / sxx
+
+
+@dataclass(frozen=True)
+class Trend:
+    """One series after the warm-up: its fit and verdict."""
+
+    series: str
+    n: int
+    first: float
+    last: float
+    slope_per_step: float
+    growth: float
+    """Slope times the steps measured: what the fit says the series gained over the window."""
+    allowed: float | None
+    """Growth tolerated; None: reported, not checked."""
+
+    @property
+    def verdict(self) -> str:
+        if self.allowed is None:
+            return "info"
+        if self.n < 3:
+            return "too few samples"
+        return "GROWING" if self.growth > self.allowed else "ok"
+
+    @property
+    def failed(self) -> bool:
+        return self.verdict in ("GROWING", "too few samples")
+
+
+def analyse(samples: list[dict[str, float]], warmup: float) -> list[Trend]:
+    """Each series' trend over the samples at or after ``warmup`` of the last sampled step."""
+    if not samples:
+        return []
+    cutoff = warmup * max(s["step"] for s in samples)
+    kept = [s for s in samples if s["step"] >= cutoff]
+    names = sorted({k for s in samples for k in s} - {"t", "step"})
+    out = []
+    for name in names:
+        pts = [(float(s["step"]), float(s[name])) for s in kept if s.get(name) is not None]
+        tol = tolerance_of(name)
+        if not pts:
+            out.append(Trend(name, 0, 0.0, 0.0, 0.0, 0.0, tol.allowed(0) if tol else None))
+            continue
+        xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+        k = slope(xs, ys) if len(pts) >= 2 else 0.0
+        out.append(
+            Trend(
+                series=name,
+                n=len(pts),
+                first=ys[0],
+                last=ys[-1],
+                slope_per_step=k,
+                growth=k * (max(xs) - min(xs)),
+                allowed=tol.allowed(statistics.median(ys)) if tol else None,
+            )
+        )
+    return out
+
+
+def summary_table(trends: list[Trend]) -> list[str]:
+    rows = ["| series | samples | first | last | slope / step | growth | tolerance | verdict |",
+            "|---|---|---|---|---|---|---|---|"]  # fmt: skip
+    for t in trends:
+        rate = f"{t.slope_per_step / 1024:.1f} KiB" if "bytes" in t.series else f"{t.slope_per_step:.3g}"
+        rows.append(
+            f"| {t.series} | {t.n} | {_fmt(t.series, t.first)} | {_fmt(t.series, t.last)} | {rate} | "
+            f"{_fmt(t.series, t.growth)} | {_fmt(t.series, t.allowed) if t.allowed is not None else '-'} | "
+            f"{t.verdict} |"
+        )
+    return rows
+
+
+def report(trends: list[Trend], command: str, steps_done: int, wall_s: float, warmup: float) -> str:
+    failed = [t.series for t in trends if t.failed]
+    lines = [
+        "# Soak: `llds up` for many steps, nothing may keep growing",
+        "",
+        f"Command: `{command}`. {steps_done} steps in {wall_s / 60:.1f} min on {os.cpu_count()} CPU cores; "
+        f"trend fitted over the steps after the first {warmup:.0%}.",
+        "",
+        "Growth = least-squares slope per step x steps measured; tolerance = the larger of a fraction of "
+        "the series' median and an absolute floor (launcher/llds/soak.py `TOLERANCES`). `info` series "
+        "grow by design (logs, the Redis append-only file) and are not checked.",
+        "",
+        *summary_table(trends),
+        "",
+        f"Verdict: {'FAILED, growing: ' + ', '.join(failed) if failed else 'nothing keeps growing'}.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- command
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="llds bench soak", description=__doc__.split("\n\n")[0])
+    p.add_argument("--preset", choices=["cpu", "tiny", "gpu"], default="tiny", help="llds up preset")
+    p.add_argument("--model", help="policy folder (as llds up --model)")
+    p.add_argument("--steps", type=int, default=500, help="training steps to run")
+    p.add_argument("--sample-every", type=int, default=10, help="trainer steps between samples")
+    p.add_argument("--warmup", type=float, default=0.2, help="fraction of the steps left out of the fit")
+    p.add_argument("--run-dir", type=Path, help="run dir (default runs/soak-<timestamp>)")
+    p.add_argument("--out", type=Path, help="also write the Markdown report here (e.g. docs/soak_bench.md)")
+    p.add_argument("--no-dashboard", action="store_true", help="do not run the dashboard")
+    p.add_argument("--report-only", action="store_true", help="report the trends, exit 0 even if one grows")
+    args = p.parse_args(argv)
+    if args.steps < 1 or args.sample_every < 1 or not 0 <= args.warmup < 1:
+        p.error("--steps and --sample-every must be >= 1 and --warmup in [0, 1)")
+
+    from llds.supervisor import ChildFailed
+    from llds.up import Up, UpConfig, _check_preset
+    from llds_proto.settings import ConfigError
+
+    run_dir = args.run_dir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
+    cfg = UpConfig.load(None, {
+        "preset": args.preset, "model": args.model, "steps": args.steps, "run_dir": run_dir,
+        "exit_when_done": True, "dashboard": not args.no_dashboard, "retriever_port": 0,
+        "rollout_port": 0, "trainer_port": 0, "dashboard_port": 0, "redis_port": 0,
+    })  # fmt: skip
+    up = Up(cfg, echo=False)
+    try:
+        _check_preset(cfg)
+        up.check_run_dir()
+        up.check_engine()
+    except (ConfigError, ValueError) as e:
+        print(f"llds bench soak: {e}", file=sys.stderr)
+        return 2
+    signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    sampler = Sampler(up, args.sample_every)
+    command = "llds bench soak " + " ".join(sys.argv[1:] if argv is None else argv)
+    code = 0
+    t0 = time.monotonic()
+    try:
+        up.start(up.prepare())
+        print(f"soak: {args.steps} steps, a sample every {args.sample_every} steps into {sampler.path}; "
+              f"service logs in {up.run_dir / 'logs'}", flush=True)  # fmt: skip
+        status = up.wait_for_steps(on_status=sampler.on_status)
+        sampler.sample(max(int(str(status.get("step") or 0)), up.logged_step()))
+    except KeyboardInterrupt:
+        print("\nstopping ...")
+        code = 130
+    except ChildFailed as e:
+        print(f"llds bench soak: the run failed: {e}", file=sys.stderr)
+        code = 1
+    finally:
+        up.stop()
+    wall_s = time.monotonic() - t0
+    trends = analyse(sampler.samples, args.warmup)
+    text = report(trends, command, up.logged_step(), wall_s, args.warmup)
+    (up.run_dir / "soak_report.md").write_text(text)
+    if args.out:
+        args.out.write_text(text)
+    print("\n" + "=" * 72)
+    print("\n".join(summary_table(trends)))
+    print("=" * 72)
+    print(f"samples {sampler.path}\nreport  {up.run_dir / 'soak_report.md'}")
+    growing = [t for t in trends if t.failed]
+    if growing:
+        names = ", ".join(f"{t.series} ({t.verdict}: +{_fmt(t.series, t.growth)} > {_fmt(t.series, t.allowed or 0)})"
+                          for t in growing)  # fmt: skip
+        print(f"llds bench soak: {'growing (report only)' if args.report_only else 'FAILED, growing'}: {names}",
+              file=sys.stderr)  # fmt: skip
+        if not args.report_only and code == 0:
+            code = 1
+    elif code == 0:
+        print("soak: nothing keeps growing")
+    return code
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
