@@ -13,6 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +25,7 @@ import redis
 from llds.redis_server import free_port
 from llds_proto import streams
 from llds_proto.codec import encode_group
+from llds_proto.messages import TrainerInfo
 from llds_trainer.publish import MARKER, sha256_file
 from llds_trainer.synthetic import synthetic_groups
 
@@ -50,9 +52,9 @@ class _Rollout(BaseHTTPRequestHandler):
         pass
 
 
-@pytest.fixture()
-def fake_rollout() -> Iterator[tuple[str, list[dict[str, Any]]]]:
-    """An HTTP server that records every weight-update notice it receives."""
+@contextmanager
+def fake_rollout_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    """An HTTP server that records every weight-update notice it receives: (base URL, notices)."""
     handler = type("Handler", (_Rollout,), {"notices": []})
     srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
@@ -64,10 +66,15 @@ def fake_rollout() -> Iterator[tuple[str, list[dict[str, Any]]]]:
         srv.server_close()
 
 
-def push(r: redis.Redis, groups: list[Any]) -> list[str]:
-    return [
-        r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: encode_group(g)}).decode() for g in groups
-    ]
+@pytest.fixture()
+def fake_rollout() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+    with fake_rollout_server() as r:
+        yield r
+
+
+def push(r: redis.Redis, groups: list[Any], keys: streams.RunKeys = streams.DEFAULT_KEYS) -> list[str]:
+    """XADD each group as the rollout does; returns the entry ids."""
+    return [r.xadd(keys.stream, {streams.GROUP_FIELD: encode_group(g)}).decode() for g in groups]
 
 
 def start_trainer(
@@ -178,7 +185,19 @@ def test_trains_publishes_notifies_and_serves(
     assert [n["body"]["version"] for n in notices] == [1, 2]
     assert [n["body"]["path"] for n in notices] == ["v000001", "v000002"]
     assert all(n["auth"] == f"Bearer {TOKEN}" for n in notices)
-    assert r.smembers(streams.CONSUMED_KEY) == {g.group_id.encode() for g in small_groups[:4]}
+    # The checkpoint is the record of what was trained (it is what acknowledgement waits for).
+    state = json.loads(sorted((run / "checkpoints").iterdir())[-1].joinpath("state.json").read_text())
+    assert state["consumed"] == [g.group_id for g in small_groups[:4]] and state["consumed_total"] == 4
+    # Acknowledged entries are trimmed away; the rollouts' admission sees the trainer's cadence.
+    assert r.xlen(streams.DEFAULT_KEYS.stream) == 0
+    info = TrainerInfo.model_validate_json(r.get(streams.DEFAULT_KEYS.trainer_info))
+    assert (info.run_id, info.version, info.step, info.groups_per_step, info.trained_unacked) == (
+        "default",
+        2,
+        2,
+        2,
+        0,
+    )
 
 
 def test_bad_config_fails_before_loading_a_model(tmp_path: Path) -> None:

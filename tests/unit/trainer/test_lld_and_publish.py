@@ -87,7 +87,9 @@ def test_drop_reasons(tokenizer: Any) -> None:
     svc = _service(3, staleness_k=1, run_id="run-a")
 
     def group(version: int, index: int, run_id: str = "") -> Any:
-        g = synthetic_groups(tokenizer, 1, 2, version=version, think_words=2, doc_words=3, start_index=index)[0]
+        g = synthetic_groups(tokenizer, 1, 2, version=version, think_words=2, doc_words=3, start_index=index)[
+            0
+        ]
         return g.model_copy(update={"run_id": run_id})
 
     g_v1, g_v2 = group(1, 0), group(2, 5)
@@ -99,7 +101,10 @@ def test_drop_reasons(tokenizer: Any) -> None:
     assert svc._drop_reason(Entry("1-5", group(3, 7, "run-a")), set()) is None  # own run
     assert svc._drop_reason(Entry("1-6", group(3, 8)), set()) is None  # groups without a run id pass
     assert svc._drop_reason(Entry("1-7", group(4, 9)), set()) == "ahead"
-    assert svc._drop_reason(Entry("1-8", group(3, 0).model_copy(update={"group_id": "old"})), set()) == "duplicate"
+    assert (
+        svc._drop_reason(Entry("1-8", group(3, 0).model_copy(update={"group_id": "old"})), set())
+        == "duplicate"
+    )
 
 
 def test_orphaned_and_lineage_stale_drops(tokenizer: Any) -> None:

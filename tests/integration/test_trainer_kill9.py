@@ -1,0 +1,139 @@
+"""kill -9 of the trainer at random times, 21 times over one run, audited from Redis and the disk.
+
+The test produces every group into the stream itself and remembers their group and entry ids. It
+starts the real trainer CLI (publish every step, checkpoint every second step, so restarts orphan
+versions) and SIGKILLs it from outside: a third of the kills at a random time after the start
+(imports, resume, republish or training), a third the moment a checkpoint temp folder
+(``.step_*``) appears and a third the moment a weights temp folder (``.v*``) appears, so some land
+inside checkpoint writes and weight publishing. After each kill it restarts the trainer; after the
+last, the trainer runs to the end. Then, not trusting the trainer's logs:
+
+- the stream: every entry was delivered, none is pending, all are trimmed away;
+- the final checkpoint's bytes: its consumed ids are exactly the produced ids, each once; AdamW's
+  step count in ``optimizer.pt`` is steps x updates per step (no step trained twice or lost);
+- the versions: every number ever handed out is a real update, an orphan or a restart alias, the
+  newest is the one in Redis, and only ``keep_versions`` folders and no temp folders are left.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import redis
+import torch
+from test_trainer_service import push, start_trainer
+
+from llds.redis_server import free_port
+from llds_proto import streams
+from llds_trainer.publish import MARKER
+from llds_trainer.synthetic import synthetic_groups
+
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
+
+STEPS = 24
+"""Steps of the run (2 groups each); more than the kills can get through, so the last run trains."""
+KILLS = 21
+UPDATES = 2
+"""Optimizer updates per step (``minibatches_per_step``)."""
+KEEP_VERSIONS = 3
+
+
+def _watch_and_kill(
+    proc: Any, kind: str, nth: int, delay_s: float, run: Path, weights: Path
+) -> tuple[str, bool]:
+    """SIGKILL ``proc`` as ``kind`` says; returns what triggered it and whether it hit a temp folder."""
+    folder, prefix = (run / "checkpoints", ".step_") if kind == "checkpoint" else (weights, ".v")
+    seen: set[str] = set()
+    t0 = time.monotonic()
+    while proc.poll() is None:
+        hit = None
+        if kind == "random":
+            if time.monotonic() - t0 >= delay_s:
+                hit = ""
+        else:
+            try:
+                names = os.listdir(folder)
+            except FileNotFoundError:
+                names = []
+            for n in names:
+                if n.startswith(prefix) and n not in seen:
+                    seen.add(n)
+                    if len(seen) >= nth:
+                        hit = n
+        if hit is None and time.monotonic() - t0 > 40:
+            kind, hit = "timeout", ""
+        if hit is not None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+            # The temp folder still there means the kill landed inside that write (it is renamed at the end).
+            return kind, bool(hit) and (folder / hit).exists()
+        time.sleep(0.002)
+    return "exited", False
+
+
+def test_random_kill9_loses_nothing_and_trains_nothing_twice(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    keys = streams.DEFAULT_KEYS
+    groups = synthetic_groups(tokenizer, 2 * STEPS, 2, seed=9, think_words=2, doc_words=4)
+    entry_ids = push(r, groups)
+    run, weights = tmp_path / "run", tmp_path / "weights"
+    extra = ["--set", "publish_every=1", "--set", "checkpoint_every=2", "--set", "staleness_k=1000",
+             "--set", f"minibatches_per_step={UPDATES}", "--set", "consumed_window_steps=100",
+             "--set", f"keep_versions={KEEP_VERSIONS}", "--set", "lld_probe=false"]  # fmt: skip
+    rng = random.Random(20261201)
+    outcomes: list[tuple[str, bool]] = []
+    for i in range(KILLS):
+        kind = ("random", "checkpoint", "publish")[i % 3]
+        proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=STEPS, port=free_port(), extra=extra)
+        try:
+            outcomes.append(
+                _watch_and_kill(proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), run, weights)
+            )
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+        assert proc.returncode == -9, (
+            f"kill {i} ({kind}): exit {proc.returncode}\n" + (tmp_path / "trainer.log").read_text()[-3000:]
+        )
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=STEPS, port=free_port(), extra=extra)
+    assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    print("kills:", outcomes)
+    assert sum(1 for k, inside in outcomes if k == "checkpoint" and inside) >= 3, outcomes
+    assert sum(1 for k, inside in outcomes if k == "publish" and inside) >= 3, outcomes
+
+    # The stream: everything delivered, nothing pending, everything trimmed.
+    (group_info,) = r.xinfo_groups(keys.stream)
+    assert group_info["last-delivered-id"].decode() == entry_ids[-1]
+    assert r.xpending(keys.stream, streams.TRAINER_GROUP)["pending"] == 0
+    assert r.xlen(keys.stream) == 0
+
+    # The final checkpoint's bytes.
+    cps = sorted(p for p in (run / "checkpoints").iterdir())
+    assert [p.name for p in cps][-1] == f"step_{STEPS:08d}" and not any(p.name.startswith(".") for p in cps)
+    state = json.loads((cps[-1] / "state.json").read_text())
+    consumed = state["consumed"]
+    assert len(consumed) == len(set(consumed)) == len(groups) == state["consumed_total"]  # nothing twice
+    assert sorted(consumed) == sorted(g.group_id for g in groups)  # nothing lost
+    opt = torch.load(cps[-1] / "optimizer.pt", weights_only=True)
+    assert {int(s["step"]) for s in opt["state"].values()} == {STEPS * UPDATES}
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in records] == list(range(1, STEPS + 1))
+
+    # Versions: real updates (one per step) + orphans + aliases account for every number handed out.
+    lineage = state["lineage"]
+    orphaned = sum(hi - lo + 1 for lo, hi in lineage["orphaned"])
+    assert state["version"] == STEPS + orphaned + len(lineage["aliases"]), lineage
+    assert int(r.get(keys.trainer_version)) == state["version"]
+    kept = sorted(p.name for p in weights.iterdir())
+    assert kept == [f"v{v:06d}" for v in range(state["version"] - KEEP_VERSIONS + 1, state["version"] + 1)]
+    assert all(json.loads((weights / k / MARKER).read_text())["version"] == int(k[1:]) for k in kept)
