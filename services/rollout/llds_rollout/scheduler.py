@@ -258,13 +258,13 @@ class GroupProducer:
         return sec + usec / 1e6
 
     async def _publish_in_flight(self) -> None:
-        """Write this replica's groups in flight (held + a pending decision) with Redis's time."""
+        """Write this replica's groups in flight and pending decision, with Redis's time."""
         async with self._publish_lock:
-            versions = self._local_versions()
             value = json.dumps(
                 {
-                    "groups": len(versions),
-                    "oldest_version": min(versions, default=None),
+                    "groups": len(self._held),
+                    "deciding": int(self._reserved is not None),
+                    "oldest_version": min(self._local_versions(), default=None),
                     "at": await self._redis_now(),
                 }
             )
@@ -281,25 +281,30 @@ class GroupProducer:
         """Remove this replica's entry (on shutdown), so others stop counting it at once."""
         await self.redis.hdel(self.keys.in_flight, self.producer)
 
-    async def _others_in_flight(self, now: float) -> tuple[int, int | None]:
-        """(groups, oldest start version) in flight on the other live replicas."""
-        total, oldest = 0, None
+    async def _others_in_flight(self, now: float) -> tuple[int, int, int | None]:
+        """(groups, pending decisions, oldest start version) of the other live replicas."""
+        groups, deciding, oldest = 0, 0, None
         for name, raw in (await self.redis.hgetall(self.keys.in_flight)).items():
             name = name.decode() if isinstance(name, bytes) else str(name)
             if name == self.producer:
                 continue
             try:
                 entry = json.loads(raw)
-                groups, at, v = int(entry["groups"]), float(entry["at"]), entry["oldest_version"]
+                n, d, at, v = (
+                    int(entry["groups"]),
+                    int(entry["deciding"]),
+                    float(entry["at"]),
+                    entry["oldest_version"],
+                )
             except (ValueError, KeyError, TypeError):
                 log.warning("ignoring unreadable in-flight entry replica=%s value=%r", name, raw)
                 continue
             if now - at > self.in_flight_ttl_s:  # a replica that died without cleaning up
                 continue
-            total += groups
+            groups, deciding = groups + n, deciding + d
             if v is not None:
                 oldest = int(v) if oldest is None else min(oldest, int(v))
-        return total, oldest
+        return groups, deciding, oldest
 
     # ------------------------------------------------------------------ admission
 
@@ -324,7 +329,7 @@ class GroupProducer:
             self.trainer_version = info.version
             self.metrics.trainer_version.set(self.trainer_version)
         unacked = await self.queued_groups()
-        others, others_oldest = await self._others_in_flight(await self._redis_now())
+        others, deciding, others_oldest = await self._others_in_flight(await self._redis_now())
         local = self._local_versions()
         oldest = min([*local, *([others_oldest] if others_oldest is not None else [])], default=None)
         decision = decide(
@@ -334,7 +339,7 @@ class GroupProducer:
                 engine_version=self.engine.version,
                 oldest_in_flight=oldest,
                 stream_unacked=unacked,
-                in_flight=others + len(self._held),
+                in_flight=others + deciding + len(self._held),
             ),
             max_staleness=self.max_staleness,
             max_queued_groups=self.max_queued_groups,
