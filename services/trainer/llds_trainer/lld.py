@@ -107,9 +107,11 @@ class LLDMonitor:
         }
 
     def load_state_dict(self, d: dict[str, Any]) -> None:
-        self.correct_logp = deque(d["correct_logp"])
-        self.fell = deque(d["fell"])
-        self.entropy = deque(d["entropy"])
-        self.grad_norm = deque(d["grad_norm"])
+        # A checkpoint of a run with a larger window must not leave longer histories than this one keeps.
+        w = self.window
+        self.correct_logp = deque(d["correct_logp"][-w:])
+        self.fell = deque(d["fell"][-w:])
+        self.entropy = deque(d["entropy"][-w:])
+        self.grad_norm = deque(d["grad_norm"][-w:])
         self.streak = int(d["streak"])
         self.state = d["state"]

@@ -115,10 +115,12 @@ def publish_folder(
 
 
 def gc_versions(weights_root: Path, keep: int) -> list[Path]:
-    """Delete all but the newest ``keep`` version folders and every temp folder; returns what went.
+    """Delete all but the newest ``keep`` complete versions, every version folder without its marker
+    and every temp folder; returns what went.
 
     Call only while no publish is in flight (after one, or at start-up): the trainer is the only
-    writer of ``weights_root``, so any temp folder then is a crashed attempt.
+    writer of ``weights_root``, so a temp folder or a folder without ``COMPLETE`` then is a crashed
+    attempt, which no rollout loads and the next publish of that number would replace anyway.
     """
     if not weights_root.is_dir():
         return []
@@ -127,7 +129,8 @@ def gc_versions(weights_root: Path, keep: int) -> list[Path]:
         for p in weights_root.iterdir()
         if (m := _VERSION_DIR.match(p.name)) and p.is_dir()
     )
-    gone = [p for _, p in versions[:-keep]]
+    complete = [p for _, p in versions if (p / MARKER).is_file()]
+    gone = [p for _, p in versions if not (p / MARKER).is_file()] + complete[:-keep]
     gone.extend(p for p in weights_root.glob(".v*") if re.match(r"^\.v(\d{6})\.", p.name))
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)

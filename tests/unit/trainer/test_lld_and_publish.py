@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from llds_trainer.lld import LLDMonitor, slope
-from llds_trainer.publish import MARKER, gc_versions, publish_folder, sha256_file
+from llds_trainer.publish import MARKER, gc_versions, newest_published, publish_folder, sha256_file
 
 
 def test_slope_least_squares() -> None:
@@ -47,6 +47,14 @@ def test_monitor_state_round_trips() -> None:
     n = LLDMonitor()
     n.load_state_dict(json.loads(json.dumps(m.state_dict())))
     assert n.state_dict() == m.state_dict()
+    # The histories stay bounded by the window, also when resuming a run that kept more.
+    for i in range(30):
+        m.update(-float(i), 0.9, 1.0, 1.0)
+    assert all(len(v) == m.window for k, v in m.state_dict().items() if isinstance(v, list))
+    small = LLDMonitor(window=4)
+    small.load_state_dict(m.state_dict())
+    assert all(len(v) == 4 for k, v in small.state_dict().items() if isinstance(v, list))
+    assert small.correct_logp[-1] == -29.0
 
 
 def test_publish_writes_marker_last_and_gcs(tiny_model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
@@ -64,7 +72,17 @@ def test_publish_writes_marker_last_and_gcs(tiny_model_dir: Path, tokenizer: Any
     mtime = (tmp_path / "v000003" / MARKER).stat().st_mtime_ns
     assert all((tmp_path / "v000003" / n).stat().st_mtime_ns <= mtime for n in marker["files"])
     (tmp_path / ".v000001.crashed").mkdir()
-    assert tmp_path / ".v000001.crashed" in gc_versions(tmp_path, keep=2)
+    # A crashed attempt at the next version too: gc runs only when no publish is in flight.
+    (tmp_path / ".v000004.crashed").mkdir()
+    (tmp_path / "v000004").mkdir()  # renamed, but killed before its marker
+    assert newest_published(tmp_path) == 3
+    gone = gc_versions(tmp_path, keep=2)
+    assert {tmp_path / ".v000001.crashed", tmp_path / ".v000004.crashed", tmp_path / "v000004"} == set(gone)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "v000002",
+        "v000003",
+    ]  # retention counts complete ones
+    assert newest_published(tmp_path / "absent") == 0
 
 
 def _service(version: int, lineage: Any = None, **cfg: Any) -> Any:
