@@ -27,12 +27,13 @@ import logging
 import os
 import re
 import secrets
+import shutil
 import signal
 import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import httpx
 from pydantic import AliasChoices, Field
@@ -103,8 +104,9 @@ class UpConfig(ServiceSettings):
 
 RUN_FILES = ("run_id", "up_config.toml")
 """What a run dir holds that ``--resume`` reads back (written before any child starts)."""
-ROLLOUT_RESOLVED = "rollout_config.toml"
-"""The rollout's resolved config in the run dir (the trainer writes ``trainer/trainer_config.toml``)."""
+CONFIG_COPIES = "configs"
+"""Run-dir folder holding the rollout and trainer TOMLs the run's children read (copied there by its
+first start, read again by ``--resume``)."""
 REPLICA_NAME = "rollout"
 """The one rollout replica's registry name: stable, so a restarted or resumed replica replaces its
 own entry instead of leaving a dead one behind."""
@@ -285,19 +287,13 @@ class Up:
             raise ConfigError(f"{kind} config {path} does not exist")
         return path
 
-    def rollout_config(self) -> Path:
-        """The rollout's TOML: on resume the config the first run resolved (TOML + env it had)."""
-        resolved = self.run_dir / ROLLOUT_RESOLVED
-        if self.resume and resolved.is_file():
-            return resolved
-        return self._config("rollout", self.cfg.rollout_config)
-
-    def trainer_config(self) -> Path:
-        """The trainer's TOML: on resume the config the first run's trainer resolved."""
-        resolved = self.run_dir / "trainer" / "trainer_config.toml"
-        if self.resume and resolved.is_file():
-            return resolved
-        return self._config("trainer", self.cfg.trainer_config)
+    def child_config(self, kind: str) -> Path:
+        """The ``kind`` (rollout / trainer) TOML the children read: the run dir's copy once it has
+        one (what ``--resume`` reads back), else the given or preset file."""
+        copy = self.run_dir / CONFIG_COPIES / f"{kind}.toml"
+        if copy.is_file():
+            return copy
+        return self._config(kind, self.cfg.rollout_config if kind == "rollout" else self.cfg.trainer_config)
 
     def check_engine(self) -> str:
         """The rollout config's engine type; for vLLM, fail now (not after minutes of preparation)
@@ -305,7 +301,7 @@ class Up:
         from llds.cli import vllm_python
         from llds_rollout.config import RolloutSettings
 
-        path = self.rollout_config()
+        path = self.child_config("rollout")
         # As the rollout will resolve it: its defaults < the TOML < LLDS_ROLLOUT_* (inherited).
         kind = RolloutSettings.load(path, {"train": False}).engine.type
         if kind == "vllm" and vllm_python() is None:
@@ -338,15 +334,14 @@ class Up:
             model, version = self.rollout_start()
             if version:
                 print(f"rollout   starts on published weights v{version} ({model})", flush=True)
-            return [*py, "rollout", "serve", "--config", str(self.rollout_config()),
+            return [*py, "rollout", "serve", "--config", str(self.child_config("rollout")),
                     "--model", model, "--retriever-url", self.url("retriever"),
                     "--redis-url", self.redis_url, "--dataset", str(paths["world"] / "train.jsonl"),
-                    "--weights-root", str(self.weights_root), "--host", cfg.host, "--port", str(self.ports["rollout"]),
-                    "--write-config", str(self.run_dir / ROLLOUT_RESOLVED)], {
+                    "--weights-root", str(self.weights_root), "--host", cfg.host, "--port", str(self.ports["rollout"])], {
                 **env, "OMP_NUM_THREADS": str(cfg.rollout_threads), "LLDS_ROLLOUT_RUN_ID": self.run_id,
                 "LLDS_ROLLOUT_INITIAL_VERSION": str(version), "LLDS_ROLLOUT_REPLICA_NAME": REPLICA_NAME}  # fmt: skip
         if name == "trainer":
-            return [*py, "trainer", "run", "--config", str(self.trainer_config()),
+            return [*py, "trainer", "run", "--config", str(self.child_config("trainer")),
                     "--model", str(paths["policy"]), "--redis-url", self.redis_url,
                     "--run-dir", str(self.run_dir / "trainer"), "--weights-root", str(self.weights_root),
                     "--steps", str(cfg.steps), "--host", cfg.host, "--port", str(self.ports["trainer"])], {
@@ -367,6 +362,11 @@ class Up:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "run_id").write_text(self.run_id + "\n")
         cfg.model_copy(update={"run_dir": self.run_dir}).write_toml(self.run_dir / "up_config.toml")
+        for kind in ("rollout", "trainer"):
+            copy = self.run_dir / CONFIG_COPIES / f"{kind}.toml"
+            if not copy.is_file():
+                copy.parent.mkdir(exist_ok=True)
+                shutil.copyfile(self.child_config(kind), copy)
         print(
             f"run id    {self.run_id}" + (f" (resumed at step {self.logged_step()})" if self.resume else "")
         )
@@ -521,10 +521,10 @@ class Up:
             if log_path.exists()
             else []
         )
-        answer = ans.json() if ans.status_code == 200 else {"error": ans.text}
+        answer: dict[str, Any] = ans.json() if ans.status_code == 200 else {"error": ans.text}
         out = {
             "run_id": self.run_id,
-            "steps": max(int(status.get("step", 0) or 0), len(history)),
+            "steps": max(int(str(status.get("step") or 0)), len(history)),
             "trainer_weights_version": status.get("weights_version"),
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
             "reward_mean_per_step": [h.get("reward/mean") for h in history],

@@ -84,8 +84,12 @@ def test_start_writes_run_id_and_passes_it_to_trainer_and_rollout(
     rollout = started["rollout"].argv
     assert rollout[rollout.index("--model") + 1] == str(tmp_path / "policy")
     assert started["rollout"].env["LLDS_ROLLOUT_INITIAL_VERSION"] == "0"
-    # the first run's rollout writes its resolved config where --resume reads it
-    assert rollout[rollout.index("--write-config") + 1] == str(u.run_dir / up.ROLLOUT_RESOLVED)
+    # the children read the run dir's copies of their TOMLs, which --resume reads again
+    for name in ("rollout", "trainer"):
+        copy = u.run_dir / up.CONFIG_COPIES / f"{name}.toml"
+        argv = started[name].argv
+        assert argv[argv.index("--config") + 1] == str(copy)
+        assert copy.read_text() == (up.REPO_CONFIGS / f"{name}_tiny.toml").read_text()
     written = up.UpConfig.load(u.run_dir / "up_config.toml")
     assert written.run_dir == u.run_dir and written.redis_url == "redis://127.0.0.1:1/0"
 
@@ -261,13 +265,12 @@ def test_resume_reads_back_the_first_runs_config(tmp_path: Path, monkeypatch: py
     cont = up.Up(again, resume=True)
     assert cont.run_id == first.run_id and cont.run_dir == first.run_dir
     cont.check_run_dir()  # resuming into a run dir is what --resume is for
-    # the children's configs: the ones the first run resolved, when they exist
-    assert cont.rollout_config() == up.REPO_CONFIGS / "rollout_tiny.toml"
-    (first.run_dir / up.ROLLOUT_RESOLVED).write_text("")
-    (first.run_dir / "trainer").mkdir()
-    (first.run_dir / "trainer" / "trainer_config.toml").write_text("")
-    assert cont.rollout_config() == first.run_dir / up.ROLLOUT_RESOLVED
-    assert cont.trainer_config() == first.run_dir / "trainer" / "trainer_config.toml"
+    # the children's configs: the copies the first run made, when they exist
+    assert cont.child_config("rollout") == up.REPO_CONFIGS / "rollout_tiny.toml"
+    (first.run_dir / up.CONFIG_COPIES).mkdir()
+    for name in ("rollout", "trainer"):
+        (first.run_dir / up.CONFIG_COPIES / f"{name}.toml").write_text("")
+        assert cont.child_config(name) == first.run_dir / up.CONFIG_COPIES / f"{name}.toml"
 
 
 @pytest.mark.parametrize("flag", [["--preset", "cpu"], ["--model", "m"], ["--run-dir", "x"]])
