@@ -1,0 +1,70 @@
+"""``llds up --resume`` after ``kill -9`` of the whole process tree (llds up, every child's process
+group, the Redis server it started): the run continues in the same run dir with the same run id and
+Redis data (the append-only file in RUN_DIR/redis), the trainer from its checkpoint, the rollout on
+the newest published weights, up to the requested total steps, each step trained once. Then a
+``kill -9`` of the rollout while it serves /answer makes llds up exit non-zero naming it.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+from pathlib import Path
+
+import pytest
+from up_kit import FREE_PORTS, LldsProcess, alive, train_log, wait_gone, wait_step
+
+from llds.cli import vllm_python
+
+pytestmark = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        vllm_python() is None,
+        reason="the tiny preset's rollout runs on vLLM and no .venv-vllm is built: `make test` builds it",
+    ),
+]
+
+TOTAL = 4
+
+
+def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path) -> None:
+    run_dir = tmp_path / "run-r"
+    # Redis is the one llds up starts: its append-only file in the run dir is what resumes
+    first = LldsProcess(["up", "--preset", "tiny", "--steps", str(TOTAL), "--run-dir", str(run_dir),
+                         "--no-dashboard", *FREE_PORTS], drop_env=("REDIS_URL",))  # fmt: skip
+    try:
+        wait_step(run_dir, 1, first, timeout_s=400)
+        procs = first.kill_tree()
+    finally:
+        first.stop()
+    assert not wait_gone(procs), f"kill -9 left {alive(procs)}"
+    run_id = (run_dir / "run_id").read_text().strip()
+    done_before = max(int(str(h["step"])) for h in train_log(run_dir))
+    assert done_before < TOTAL, "the first run finished before the kill: nothing left to resume"
+
+    again = LldsProcess(["up", "--resume", str(run_dir)], drop_env=("REDIS_URL",))
+    children = []
+    try:
+        again.wait_line(rf"run id\s+{re.escape(run_id)} \(resumed at step \d+\)", timeout_s=120)
+        m = again.wait_line(r"rollout\s+starts on published weights v(\d+)", timeout_s=120)
+        assert int(m.group(1)) >= 1
+        again.wait_line(r"rollout\s+http://\S+/answer", timeout_s=400)
+        children = again.descendants()
+        again.wait_line("still serving /answer", timeout_s=300)
+        steps = [int(str(h["step"])) for h in train_log(run_dir)]
+        assert steps == list(range(1, TOTAL + 1)), steps  # each step once, none lost to the kill
+        assert (run_dir / "run_id").read_text().strip() == run_id
+
+        # a dead rollout while serving is no success either
+        os.kill(again.child_pid("rollout serve"), signal.SIGKILL)
+        code = again.wait_exit(120)
+    finally:
+        again.stop()
+    out = again.output(200)
+    assert code == 1, out
+    assert re.search(r"llds up failed: rollout died \(killed by SIGKILL\); log \S+/logs/rollout\.log", out), (
+        out
+    )
+    assert not wait_gone(children), f"left running after llds up exited: {alive(children)}"
