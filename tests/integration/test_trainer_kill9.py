@@ -5,8 +5,9 @@ starts the real trainer CLI (publish every step, checkpoint every second step, s
 versions) and SIGKILLs it from outside: a third of the kills at a random time after the start
 (imports, resume, republish or training), a third the moment a checkpoint temp folder
 (``.step_*``) appears and a third the moment a weights temp folder (``.v*``) appears, so some land
-inside checkpoint writes and weight publishing. After each kill it restarts the trainer; after the
-last, the trainer runs to the end. Then, not trusting the trainer's logs:
+inside checkpoint writes and weight publishing. After each kill it restarts the trainer (raising the
+target step and producing more groups whenever fewer than MARGIN steps are left, so no incarnation
+can finish before its kill); after the last, the trainer runs to the end. Then, not trusting the trainer's logs:
 
 - the stream: every entry was delivered, none is pending, all are trimmed away;
 - the final checkpoint's bytes: its consumed ids are exactly the produced ids, each once; AdamW's
@@ -38,7 +39,10 @@ from llds_trainer.synthetic import synthetic_groups
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 STEPS = 24
-"""Steps of the run (2 groups each); more than the kills can get through, so the last run trains."""
+"""Initial target of the run (2 groups per step); raised as the run progresses, see MARGIN."""
+MARGIN = 16
+"""Steps each incarnation has left at least (the target and the produced groups grow to keep it), so
+every kill lands in a running trainer however fast this machine trains."""
 KILLS = 21
 UPDATES = 2
 """Optimizer updates per step (``minibatches_per_step``)."""
@@ -83,7 +87,8 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
 ) -> None:
     r = redis.Redis.from_url(redis_url)
     keys = streams.DEFAULT_KEYS
-    groups = synthetic_groups(tokenizer, 2 * STEPS, 2, seed=9, think_words=2, doc_words=4)
+    target = STEPS
+    groups = synthetic_groups(tokenizer, 2 * target, 2, seed=9, think_words=2, doc_words=4)
     entry_ids = push(r, groups)
     run, weights = tmp_path / "run", tmp_path / "weights"
     extra = ["--set", "publish_every=1", "--set", "checkpoint_every=2", "--set", "staleness_k=1000",
@@ -93,7 +98,14 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
     outcomes: list[tuple[str, bool]] = []
     for i in range(KILLS):
         kind = ("random", "checkpoint", "publish")[i % 3]
-        proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=STEPS, port=free_port(), extra=extra)
+        done = max((int(p.name[5:]) for p in run.glob("checkpoints/step_*")), default=0)
+        if target - done < MARGIN:
+            more = synthetic_groups(tokenizer, 2 * MARGIN, 2, seed=9 + i, think_words=2, doc_words=4,
+                                    start_index=len(groups))  # fmt: skip
+            groups += more
+            entry_ids += push(r, more)
+            target += MARGIN
+        proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
         try:
             outcomes.append(
                 _watch_and_kill(proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), run, weights)
@@ -105,9 +117,9 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
         assert proc.returncode == -9, (
             f"kill {i} ({kind}): exit {proc.returncode}\n" + (tmp_path / "trainer.log").read_text()[-3000:]
         )
-    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=STEPS, port=free_port(), extra=extra)
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
     assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
-    print("kills:", outcomes)
+    print("kills:", outcomes, "steps:", target)
     assert sum(1 for k, inside in outcomes if k == "checkpoint" and inside) >= 3, outcomes
     assert sum(1 for k, inside in outcomes if k == "publish" and inside) >= 3, outcomes
 
@@ -119,20 +131,20 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
 
     # The final checkpoint's bytes.
     cps = sorted(p for p in (run / "checkpoints").iterdir())
-    assert [p.name for p in cps][-1] == f"step_{STEPS:08d}" and not any(p.name.startswith(".") for p in cps)
+    assert [p.name for p in cps][-1] == f"step_{target:08d}" and not any(p.name.startswith(".") for p in cps)
     state = json.loads((cps[-1] / "state.json").read_text())
     consumed = state["consumed"]
     assert len(consumed) == len(set(consumed)) == len(groups) == state["consumed_total"]  # nothing twice
     assert sorted(consumed) == sorted(g.group_id for g in groups)  # nothing lost
     opt = torch.load(cps[-1] / "optimizer.pt", weights_only=True)
-    assert {int(s["step"]) for s in opt["state"].values()} == {STEPS * UPDATES}
+    assert {int(s["step"]) for s in opt["state"].values()} == {target * UPDATES}
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
-    assert [x["step"] for x in records] == list(range(1, STEPS + 1))
+    assert [x["step"] for x in records] == list(range(1, target + 1))
 
     # Versions: real updates (one per step) + orphans + aliases account for every number handed out.
     lineage = state["lineage"]
     orphaned = sum(hi - lo + 1 for lo, hi in lineage["orphaned"])
-    assert state["version"] == STEPS + orphaned + len(lineage["aliases"]), lineage
+    assert state["version"] == target + orphaned + len(lineage["aliases"]), lineage
     assert int(r.get(keys.trainer_version)) == state["version"]
     kept = sorted(p.name for p in weights.iterdir())
     assert kept == [f"v{v:06d}" for v in range(state["version"] - KEEP_VERSIONS + 1, state["version"] + 1)]
