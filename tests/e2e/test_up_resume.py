@@ -1,8 +1,10 @@
 """``llds up --resume`` after ``kill -9`` of the whole process tree (llds up, every child's process
 group, the Redis server it started): the run continues in the same run dir with the same run id and
 Redis data (the append-only file in RUN_DIR/redis), the trainer from its checkpoint, the rollout on
-the newest published weights, up to the requested total steps, each step trained once. Then a
-``kill -9`` of the rollout while it serves /answer makes llds up exit non-zero naming it.
+the newest published weights, up to the requested total steps, each step trained once. Then, with
+``--restart-on-failure --max-restarts 1``, a ``kill -9`` of the rollout while it serves /answer
+restarts it (on the newest published weights), and a second one, past the restarts allowed, makes
+llds up exit non-zero naming it.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import re
 import signal
 from pathlib import Path
 
+import httpx
 import pytest
 from up_kit import FREE_PORTS, LldsProcess, alive, train_log, wait_gone, wait_step
 
@@ -44,20 +47,30 @@ def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path)
     done_before = max(int(str(h["step"])) for h in train_log(run_dir))
     assert done_before < TOTAL, "the first run finished before the kill: nothing left to resume"
 
-    again = LldsProcess(["up", "--resume", str(run_dir)], drop_env=("REDIS_URL",))
+    again = LldsProcess(["up", "--resume", str(run_dir), "--restart-on-failure", "--max-restarts", "1"],
+                        drop_env=("REDIS_URL",))  # fmt: skip
     children = []
     try:
         again.wait_line(rf"run id\s+{re.escape(run_id)} \(resumed at step \d+\)", timeout_s=120)
         m = again.wait_line(r"rollout\s+starts on published weights v(\d+)", timeout_s=120)
         assert int(m.group(1)) >= 1
-        again.wait_line(r"rollout\s+http://\S+/answer", timeout_s=400)
+        rollout_url = again.wait_line(r"rollout\s+(http://\S+)/answer", timeout_s=400).group(1)
         children = again.descendants()
         again.wait_line("still serving /answer", timeout_s=300)
         steps = [int(str(h["step"])) for h in train_log(run_dir)]
         assert steps == list(range(1, TOTAL + 1)), steps  # each step once, none lost to the kill
         assert (run_dir / "run_id").read_text().strip() == run_id
 
-        # a dead rollout while serving is no success either
+        # a dead rollout while serving: restarted once, on the trained weights ...
+        os.kill(again.child_pid("rollout serve"), signal.SIGKILL)
+        again.wait_line(r"rollout died \(killed by SIGKILL; log \S+\); restarting it \(1/1\)", timeout_s=30)
+        again.wait_line(r"rollout\s+restarted, healthy after", timeout_s=300)
+        children += again.descendants()
+        r = httpx.post(
+            f"{rollout_url}/answer", json={"question": "Who founded the Kreixvelor Academy?"}, timeout=120
+        )
+        assert r.status_code == 200 and r.json()["weights_version"] >= TOTAL, r.text
+        # ... and the next death, past the restarts allowed, is the run's end
         os.kill(again.child_pid("rollout serve"), signal.SIGKILL)
         code = again.wait_exit(120)
     finally:
@@ -67,4 +80,5 @@ def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path)
     assert re.search(r"llds up failed: rollout died \(killed by SIGKILL\); log \S+/logs/rollout\.log", out), (
         out
     )
+    assert "no restarts left: 1 of 1 used" in out
     assert not wait_gone(children), f"left running after llds up exited: {alive(children)}"
