@@ -63,7 +63,7 @@ class UpConfig(ServiceSettings):
     model: str | None = None
     """Policy folder; overrides the preset's model (and skips the warm-start)."""
     steps: int = Field(default=3, ge=0)
-    """Trainer steps to run (0: train until stopped)."""
+    """Trainer steps to run (0: train until stopped); the run's total, also with ``--resume``."""
     run_dir: Path | None = None
     """Outputs (logs, checkpoints, weights, configs); default ``runs/<timestamp>``."""
     world_seed: int = Field(default=0, ge=0)
