@@ -23,8 +23,9 @@ from reliability_kit import ForcedModel
 from safetensors.torch import save_file
 
 from llds_proto.codec import decode_group
+from llds_proto.messages import TrainerInfo
 from llds_proto.search_protocol import invalid_action_ids, observation_ids, prompt_ids
-from llds_proto.streams import DEFAULT_KEYS
+from llds_proto.streams import DEFAULT_KEYS, DEFAULT_RUN_ID, RunKeys
 from llds_rollout.app import create_app
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
@@ -132,6 +133,13 @@ def _publish(root: Path, model_dir: Path, version: int, noise: float = 0.02) -> 
     shutil.copy(model_dir / "config.json", folder / "config.json")
     write_marker(folder, version, step=version * 10)
     return folder
+
+
+def write_trainer_info(r: redis.Redis, keys: RunKeys = DEFAULT_KEYS, **kw: Any) -> None:
+    """What the trainer writes on start: here, a pace that never holds a single replica back."""
+    fields: dict[str, Any] = {"run_id": keys.run_id, "version": 0, "step": 0, "groups_per_step": 4,
+                              "publish_every": 1, "staleness_k": 1, **kw}  # fmt: skip
+    r.set(keys.trainer_info, TrainerInfo(**fields).model_dump_json())
 
 
 @pytest.fixture(scope="module")
@@ -365,6 +373,8 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
             "version_poll_s": 0.05,
             "replica_name": "r0",
             "port": port,
+            # this test sends the notice itself, late on purpose: no catch-up in between
+            "catch_up_after_s": 600,
         }
     )
     # turn 1 is forced to search; the final (no-search) turn is sampled freely at temperature 1
@@ -377,6 +387,7 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
     script = {p: t for p, t in script.items() if p < len(prompt_ids(tok, QUESTION)) + n_search}
     engine = TestEngine(str(tiny_model_dir), script=script)
     r = redis.Redis.from_url(redis_url)
+    write_trainer_info(r)
     with BackgroundServer(create_app(settings, engine), port=port) as srv:
         _wait(lambda: r.xlen(DEFAULT_KEYS.stream) >= 2, what="two groups on the stream")
         assert r.hget(DEFAULT_KEYS.registry, "r0") == srv.url.encode()
@@ -384,6 +395,7 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
         obs = observation_ids(tok, [p for p in PASSAGES if p["id"] in ("p1", "p2", "p3")])
         for g in groups:
             assert g.group_id.startswith("world:0:") and g.producer == "r0" and len(g.trajectories) == 3
+            assert g.run_id == DEFAULT_RUN_ID
             for t in g.trajectories:
                 gen1 = engine.results[f"{t.trajectory_id}/t0"]
                 gen2 = engine.results[f"{t.trajectory_id}/t1"]
@@ -421,3 +433,36 @@ def test_training_groups_reach_redis_with_exact_tokens_and_respect_staleness(
         assert g.min_version == 3 and {v for t in g.trajectories for v in t.versions} == {3, -1}
     # deregistered on shutdown
     assert r.hget(DEFAULT_KEYS.registry, "r0") is None
+
+
+def test_a_replica_that_starts_late_catches_up_and_produces(
+    tiny_model_dir: Path, retriever: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """The trainer published v2 before this replica started, and will send no notice: the replica
+    loads v2 from the weights root at registration and samples on it (its own run's keys only)."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps({"id": "q0", "data_source": "world", "question": QUESTION,
+                                   "golden_answers": ["x"], "extra_info": {"index": 0}}) + "\n")  # fmt: skip
+    root = tmp_path / "weights"
+    keys = RunKeys("late-run")
+    _publish(root, tiny_model_dir, 2)
+    r = redis.Redis.from_url(redis_url)
+    r.set(keys.trainer_version, 2)
+    write_trainer_info(r, keys, version=2, step=2)
+    r.set(DEFAULT_KEYS.trainer_version, 7)  # another run's version: must not matter
+    settings = RolloutSettings.load(
+        overrides={"model": str(tiny_model_dir), "retriever_url": retriever[0], "redis_url": redis_url,
+                   "run_id": keys.run_id, "dataset": dataset, "weights_root": root, "group_size": 2,
+                   "max_turns": 0, "max_tokens_per_turn": 8, "max_groups_in_flight": 1, "version_poll_s": 0.05,
+                   "replica_name": "late", "port": free_port()}
+    )  # fmt: skip
+    with BackgroundServer(create_app(settings, TestEngine(str(tiny_model_dir))), port=settings.port) as srv:
+        _wait(lambda: r.xlen(keys.stream) >= 1, what="a group of the late replica")
+        assert httpx.get(f"{srv.url}/health").json()["detail"]["weights_version"] == 2
+        g = decode_group(r.xrange(keys.stream)[0][1][b"group"])
+        assert g.min_version == 2 and g.run_id == "late-run"
+        metrics = httpx.get(f"{srv.url}/metrics").text
+        assert 'llds_rollout_weight_catch_ups_total{status="ok"} 1.0' in metrics
+        assert r.hget(keys.registry, "late") == srv.url.encode() and r.hexists(keys.in_flight, "late")
+    assert r.xlen(DEFAULT_KEYS.stream) == 0
+    assert not r.hexists(keys.in_flight, "late")  # removed on shutdown

@@ -65,6 +65,9 @@ class AdmissionInputs:
     """Entries the trainer has not acknowledged: consumer-group lag + pending."""
     in_flight: int
     """Groups started and not yet in the stream, on every live replica (this one included)."""
+    acked_since_info: bool = False
+    """The trainer acknowledged entries since it wrote ``info``: it does so right before it
+    publishes, so its next version may be out in all but name."""
 
 
 @dataclass(frozen=True)
@@ -79,6 +82,8 @@ class Admission:
     """Groups the trainer can take (queued + in flight, new one included); 0 without trainer info."""
     queued: int
     """Groups queued for the trainer: unacknowledged entries less those it trained already."""
+    in_flight: int
+    """Groups in flight on every replica before this decision."""
     lag: int
     """Versions the oldest group that the new one could overtake is behind the trainer."""
 
@@ -87,26 +92,32 @@ def decide(x: AdmissionInputs, *, max_staleness: int, max_queued_groups: int) ->
     """Admit a new group iff ``queued + in_flight + 1 <= info.capacity(lag)``.
 
     ``lag`` counts from the oldest group in flight, not only from the engine: a new group may finish
-    first and be queued ahead of it, so each group in flight must still fit its own budget. K is
+    first and be queued ahead of it, so each group in flight must still fit its own budget; and from
+    one version past ``info.version`` while the trainer has acknowledged entries since writing it. K is
     the smaller of the rollout's and the trainer's. ``max_queued_groups`` caps further, never below
     one trainer step (the trainer would wait forever for a step that admission holds back).
     """
     info = x.info
     queued = max(0, x.stream_unacked - (info.trained_unacked if info is not None else 0))
     if info is None:
-        return Admission(False, "no_trainer_info", 0, queued, x.trainer_version - x.engine_version)
+        return Admission(
+            False, "no_trainer_info", 0, queued, x.in_flight, x.trainer_version - x.engine_version
+        )
     k = min(max_staleness, info.staleness_k)
     oldest = x.engine_version if x.oldest_in_flight is None else min(x.oldest_in_flight, x.engine_version)
-    lag = x.trainer_version - oldest
+    # Between its XACK and its next info/version write the trainer's queue has shrunk but its version
+    # has not grown yet: read as is, that window would admit a step's worth of groups too many.
+    trainer_version = max(x.trainer_version, info.version + int(x.acked_since_info))
+    lag = trainer_version - oldest
     capacity = info.model_copy(update={"staleness_k": k}).capacity(lag)
     total = queued + x.in_flight + 1
     if x.trainer_version - x.engine_version > k:
-        return Admission(False, "behind", capacity, queued, lag)
+        return Admission(False, "behind", capacity, queued, x.in_flight, lag)
     if total > capacity:
-        return Admission(False, "capacity", capacity, queued, lag)
+        return Admission(False, "capacity", capacity, queued, x.in_flight, lag)
     if max_queued_groups and total > max(max_queued_groups, info.groups_per_step):
-        return Admission(False, "max_queued", capacity, queued, lag)
-    return Admission(True, "ok", capacity, queued, lag)
+        return Admission(False, "max_queued", capacity, queued, x.in_flight, lag)
+    return Admission(True, "ok", capacity, queued, x.in_flight, lag)
 
 
 # ---------------------------------------------------------------------------- producer
@@ -136,6 +147,7 @@ class GroupProducer:
         in_flight_ttl_s: float = 15.0,
         catch_up: Callable[[int], Awaitable[None]] | None = None,
         catch_up_after_s: float = 5.0,
+        ack_window_s: float = 30.0,
     ) -> None:
         self.engine = engine
         self.searcher = searcher
@@ -154,6 +166,7 @@ class GroupProducer:
         self.catch_up = catch_up
         """Loads the trainer's newest published version (the service's verified swap path)."""
         self.catch_up_after_s = catch_up_after_s
+        self.ack_window_s = ack_window_s
         # Group ids must stay unique when a replica restarts and replays its epochs from the start:
         # the trainer treats a repeated id as a redelivery and drops it.
         self.producer_run = f"{self.producer}-{time.time_ns():x}"
@@ -171,6 +184,10 @@ class GroupProducer:
         self._held: list[int] = []
         self._reserved: int | None = None
         self._publish_lock = asyncio.Lock()
+        # The trainer's acknowledgement count when its current info was first seen.
+        self._info_seen: TrainerInfo | None = None
+        self._acked_at_info: int | None = None
+        self._acked_seen_at: float | None = None
         self.error: BaseException | None = None
         """An unexpected failure of a group task (a bug); it stops production and shows in /health."""
 
@@ -233,19 +250,28 @@ class GroupProducer:
 
         Raises :class:`RedisError` when Redis cannot say; no stream yet is 0.
         """
+        return (await self._stream_state())[0]
+
+    async def _stream_state(self) -> tuple[int, int | None]:
+        """(entries not acknowledged, entries acknowledged ever or None if Redis cannot tell)."""
         try:
             groups = await self.redis.xinfo_groups(self.keys.stream)
         except RedisError as e:
             if "no such key" in str(e).lower():
-                return 0
+                return 0, 0
             raise
         for g in groups:
             if g.get("name") in (TRAINER_GROUP, TRAINER_GROUP.encode()):
+                pending = int(g.get("pending", 0))
+                read = g.get("entries-read")
+                if read is None and g.get("last-delivered-id") in (b"0-0", "0-0"):
+                    read = 0  # nothing read yet
+                acked = None if read is None else int(read) - pending
                 lag = g.get("lag")
                 if lag is None:  # Redis cannot tell after deletions: count conservatively
-                    return int(await self.redis.xlen(self.keys.stream))
-                return int(lag) + int(g.get("pending", 0))
-        return int(await self.redis.xlen(self.keys.stream))  # no trainer has read yet: all queued
+                    return int(await self.redis.xlen(self.keys.stream)), acked
+                return int(lag) + pending, acked
+        return int(await self.redis.xlen(self.keys.stream)), 0  # no trainer has read yet: all queued
 
     # ------------------------------------------------------------------ in-flight counts
 
@@ -328,7 +354,15 @@ class GroupProducer:
         if info is not None and info.version > self.trainer_version:
             self.trainer_version = info.version
             self.metrics.trainer_version.set(self.trainer_version)
-        unacked = await self.queued_groups()
+        unacked, acked = await self._stream_state()
+        if info != self._info_seen or self._acked_at_info is None:
+            self._info_seen, self._acked_at_info, self._acked_seen_at = info, acked, None
+        acked_since_info = False
+        if acked is not None and self._acked_at_info is not None and acked > self._acked_at_info:
+            # Acknowledgements still unreported after the window were drops, not a step: a bump for
+            # ever could hold back the very groups the trainer waits for.
+            self._acked_seen_at = self._acked_seen_at or time.monotonic()
+            acked_since_info = time.monotonic() - self._acked_seen_at < self.ack_window_s
         others, deciding, others_oldest = await self._others_in_flight(await self._redis_now())
         local = self._local_versions()
         oldest = min([*local, *([others_oldest] if others_oldest is not None else [])], default=None)
@@ -340,6 +374,7 @@ class GroupProducer:
                 oldest_in_flight=oldest,
                 stream_unacked=unacked,
                 in_flight=others + deciding + len(self._held),
+                acked_since_info=acked_since_info,
             ),
             max_staleness=self.max_staleness,
             max_queued_groups=self.max_queued_groups,
@@ -360,7 +395,7 @@ class GroupProducer:
                     d = await self._try_admit()
                 except RedisError as e:
                     self.metrics.redis_errors.inc()
-                    d = Admission(False, "redis_error", 0, 0, 0)
+                    d = Admission(False, "redis_error", 0, 0, 0, 0)
                     if logged != d.reason:
                         log.warning("admission waiting reason=redis_error cause=%s", e)
                         logged = d.reason
@@ -369,6 +404,10 @@ class GroupProducer:
                     assert self._reserved is not None
                     self._held.append(self._reserved)
                     self._reserved = None
+                    log.info(
+                        "group admitted engine=%d trainer=%d lag=%d queued=%d in_flight=%d capacity=%d",
+                        self.engine.version, self.trainer_version, d.lag, d.queued, d.in_flight, d.capacity,
+                    )  # fmt: skip
                     return self._held[-1]
                 self._reserved = None
                 await self._refresh_in_flight()
