@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import re
 import signal
+import time
 from pathlib import Path
 
 import httpx
@@ -19,6 +20,7 @@ import pytest
 from up_kit import FREE_PORTS, LldsProcess, alive, train_log, wait_gone, wait_step
 
 from llds.cli import vllm_python
+from llds.up import latest_weights
 
 pytestmark = [
     pytest.mark.e2e,
@@ -29,7 +31,7 @@ pytestmark = [
     ),
 ]
 
-TOTAL = 4
+TOTAL = 6
 
 
 def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path) -> None:
@@ -39,6 +41,12 @@ def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path)
                          "--no-dashboard", *FREE_PORTS], drop_env=("REDIS_URL",))  # fmt: skip
     try:
         wait_step(run_dir, 1, first, timeout_s=400)
+        # checkpoint and publish are independent: wait for a published version too, the one the
+        # resumed rollout must start on
+        deadline = time.monotonic() + 60
+        while latest_weights(run_dir / "weights") is None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        published = latest_weights(run_dir / "weights")
         procs = first.kill_tree()
     finally:
         first.stop()
@@ -53,7 +61,7 @@ def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path)
     try:
         again.wait_line(rf"run id\s+{re.escape(run_id)} \(resumed at step \d+\)", timeout_s=120)
         m = again.wait_line(r"rollout\s+starts on published weights v(\d+)", timeout_s=120)
-        assert int(m.group(1)) >= 1
+        assert published is not None and int(m.group(1)) >= published[0]
         rollout_url = again.wait_line(r"rollout\s+(http://\S+)/answer", timeout_s=400).group(1)
         children = again.descendants()
         again.wait_line("still serving /answer", timeout_s=300)
