@@ -7,6 +7,7 @@ overrides (CLI flags). The resolved config can be written back as TOML next to a
 from __future__ import annotations
 
 import argparse
+import re
 import tomllib
 from contextvars import ContextVar
 from pathlib import Path
@@ -14,6 +15,9 @@ from typing import Any, Self
 
 import tomli_w
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
+
+_URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
+"""The password part of ``scheme://user:password@host``."""
 
 _TOML_DATA: ContextVar[dict[str, Any] | None] = ContextVar("_TOML_DATA", default=None)
 
@@ -98,9 +102,26 @@ class ServiceSettings(BaseSettings):
         """Write the resolved config (secrets excluded) as TOML; returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = self.model_dump(mode="json", exclude_none=True)
-        for k in list(data):
-            if "token" in k or "password" in k:
-                data[k] = "***"
+        data = _without_secrets(self.model_dump(mode="json", exclude_none=True))
         path.write_text(tomli_w.dumps(data))
         return path
+
+
+def is_secret_key(name: str) -> bool:
+    """Fields holding credentials (``admin_token``, ``redis_password``), not ``max_tokens_per_turn``."""
+    return name == "token" or name.endswith("_token") or "password" in name
+
+
+def _without_secrets(data: dict[str, Any]) -> dict[str, Any]:
+    """Secret fields left out (the written file loads back, the secret comes from the environment
+    again) and passwords inside URLs replaced by ``***``, at every nesting level."""
+    out: dict[str, Any] = {}
+    for k, v in data.items():
+        if is_secret_key(k):
+            continue
+        if isinstance(v, dict):
+            v = _without_secrets(v)
+        elif isinstance(v, str) and "://" in v:
+            v = _URL_PASSWORD.sub(r"\1***@", v)
+        out[k] = v
+    return out

@@ -48,3 +48,21 @@ def test_bad_values_and_files_are_named(tmp_path: Path) -> None:
 def test_written_config_hides_secrets(tmp_path: Path) -> None:
     text = _Cfg.load().write_toml(tmp_path / "out.toml").read_text()
     assert "secret" not in text and "a = 1" in text
+
+
+class _Nested(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LLDS_TEST2_", extra="forbid")
+    max_tokens_per_turn: int = 7
+    """not a secret although its name holds 'token'"""
+    redis_url: str = "redis://:hunter2@127.0.0.1:6379/0"
+    """a URL with a password"""
+    admin_token: str = "secret"
+    """a secret"""
+
+
+def test_written_config_loads_back_without_its_secrets(tmp_path: Path) -> None:
+    path = _Nested.load(overrides={"max_tokens_per_turn": 9}).write_toml(tmp_path / "out.toml")
+    text = path.read_text()
+    assert "hunter2" not in text and "secret" not in text and "admin_token" not in text
+    back = _Nested.load(path)
+    assert back.max_tokens_per_turn == 9 and back.redis_url == "redis://:***@127.0.0.1:6379/0"
