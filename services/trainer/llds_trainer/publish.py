@@ -2,8 +2,8 @@
 
 Contract (docs/CONTRACTS.md): ``{weights_root}/v{v:06d}/`` holds ``model.safetensors``,
 ``config.json`` and the tokenizer files; ``COMPLETE`` (JSON ``{version, step, files: {name:
-sha256}}``) is written last. Then ``llds:trainer:version`` is set and every rollout replica
-(registered in ``llds:rollout:replicas``, plus configured URLs) gets ``POST /admin/weights``.
+sha256}}``) is written last. Then ``llds:<run_id>:trainer:version`` is set and every rollout replica
+(registered in ``llds:<run_id>:rollout:replicas``, plus configured URLs) gets ``POST /admin/weights``.
 """
 
 from __future__ import annotations

@@ -221,8 +221,8 @@ class FakeSystem:
         r = self.r_trainer = CollectorRegistry()
         self.step_g = Gauge("llds_trainer_step", "step", registry=r)
         self.t_version = Gauge("llds_trainer_weights_version", "version", registry=r)
-        self.queue = Gauge("llds_trainer_queue_depth", "queue depth", registry=r)
-        self.lag = Gauge("llds_trainer_consumer_lag", "consumer lag", registry=r)
+        self.queue = Gauge("llds_trainer_stream_length_entries", "queue depth", registry=r)
+        self.lag = Gauge("llds_trainer_consumer_lag_entries", "consumer lag", registry=r)
         self.rollout_health: dict[str, Any] = {"weights_version": 0}
 
     # ------------------------------------------------------------------ apps

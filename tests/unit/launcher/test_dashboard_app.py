@@ -51,8 +51,8 @@ class FakeServices:
             text = (
                 "# TYPE llds_rollout_generated_tokens_total counter\n"
                 f"llds_rollout_generated_tokens_total {self.tokens}\n"
-                "# TYPE llds_trainer_queue_depth gauge\n"
-                f"llds_trainer_queue_depth {self.step % 3}\n"
+                "# TYPE llds_trainer_stream_length_entries gauge\n"
+                f"llds_trainer_stream_length_entries {self.step % 3}\n"
                 "# TYPE process_cpu_seconds_total counter\nprocess_cpu_seconds_total 1.0\n"
             )
             return httpx.Response(200, text=text, headers={"content-type": "text/plain; version=0.0.4"})
@@ -134,7 +134,7 @@ def test_state_grows_with_each_poll_and_pages_incrementally(client: Any, fakes: 
     assert st["history"][0]["lld/correct_logp_slope"] is None  # NaN made JSON-safe
     assert st["alarm"] == 0
     last = st["samples"][-1]["values"]
-    assert last["llds_trainer_queue_depth"] == 2.0
+    assert last["llds_trainer_stream_length_entries"] == 2.0
     assert last["rate:llds_rollout_generated_tokens_total"] > 0
     assert not any(k.startswith("process_") for k in last)
     assert st["services"]["trainer"]["extra"] == {"step": 2}

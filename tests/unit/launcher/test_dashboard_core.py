@@ -121,7 +121,7 @@ def test_layout_places_known_keys_and_groups_the_rest() -> None:
         "odd",
     }
     mkeys = {
-        "llds_trainer_queue_depth", "rate:llds_rollout_generated_tokens_total", "llds_rollout_generated_tokens_total",
+        "llds_trainer_stream_length_entries", "rate:llds_rollout_generated_tokens_total", "llds_rollout_generated_tokens_total",
         'llds_rollout_weights_version{replica="a"}', "llds_new_thing_total", "rate:llds_new_thing_total",
         "llds_new_gauge", "mean:llds_new_lat_seconds", "rate:llds_new_lat_seconds_count", "llds_new_lat_seconds_count",
     }  # fmt: skip
@@ -135,7 +135,7 @@ def test_layout_places_known_keys_and_groups_the_rest() -> None:
     assert panels["weights"]["series"] == [
         'llds_rollout_weights_version{replica="a"}'
     ]  # labelled series match
-    assert panels["queue"]["missing"] == ["llds_trainer_consumer_lag", "llds_rollout_redis_buffer_groups"]
+    assert panels["queue"]["missing"] == ["llds_trainer_consumer_lag_entries", "llds_rollout_redis_buffer_groups"]
     assert panels["h:timing"]["series"] == ["timing/io_s", "timing/step_s"]
     assert panels["h:other"]["series"] == ["odd"]
     assert panels["m:llds_new_thing:rate"]["series"] == ["rate:llds_new_thing_total"]
@@ -155,7 +155,7 @@ def test_known_panels_cover_the_documented_signals() -> None:
         "lld/displaced_frac_responses", "lld/displaced_frac_actions", "lld/first_action_logp",
         "lld/later_action_logp", "lld/correct_incorrect_gap", "lld/alarm", "llds/gated_frac", "actor/entropy",
         "actor/grad_norm", "response/length_mean", "response/turns_mean", "response/valid_searches_mean",
-        "llds_trainer_queue_depth", "llds_trainer_consumer_lag", "rate:llds_rollout_generated_tokens_total",
+        "llds_trainer_stream_length_entries", "llds_trainer_consumer_lag_entries", "rate:llds_rollout_generated_tokens_total",
         "rate:llds_rollout_trajectories_total", "rate:llds_retriever_requests_total",
         "p95:llds_retriever_request_latency_seconds", "llds_rollout_weights_version",
         "rate:llds_rollout_staleness_dropped_total",
