@@ -344,11 +344,12 @@ class GroupProducer:
             log.warning("unreadable trainer info at %s: %s", self.keys.trainer_info, e)
             return None
 
-    async def _try_admit(self) -> Admission:
-        """Reserve a slot in the shared count first, then decide: two replicas deciding at once each
-        see the other's reservation, so together they never overshoot the capacity."""
-        self._reserved = self.engine.version
-        await self._publish_in_flight()
+    async def _observe_trainer(self) -> tuple[TrainerInfo | None, int, bool]:
+        """(info, entries not acknowledged, acknowledged since the info was first seen).
+
+        Also run every poll, not only when a slot frees: the acknowledgement count that goes with an
+        info must be taken before the trainer's next XACK, i.e. within a step of the info's write.
+        """
         await self._read_version()
         info = await self._read_info()
         if info is not None and info.version > self.trainer_version:
@@ -363,6 +364,14 @@ class GroupProducer:
             # ever could hold back the very groups the trainer waits for.
             self._acked_seen_at = self._acked_seen_at or time.monotonic()
             acked_since_info = time.monotonic() - self._acked_seen_at < self.ack_window_s
+        return info, unacked, acked_since_info
+
+    async def _try_admit(self) -> Admission:
+        """Reserve a slot in the shared count first, then decide: two replicas deciding at once each
+        see the other's reservation, so together they never overshoot the capacity."""
+        self._reserved = self.engine.version
+        await self._publish_in_flight()
+        info, unacked, acked_since_info = await self._observe_trainer()
         others, deciding, others_oldest = await self._others_in_flight(await self._redis_now())
         local = self._local_versions()
         oldest = min([*local, *([others_oldest] if others_oldest is not None else [])], default=None)
@@ -473,7 +482,11 @@ class GroupProducer:
         while True:
             _raise_if_cancelling()
             await asyncio.sleep(self.version_poll_s)
-            await self._read_version()
+            try:
+                await self._observe_trainer()
+            except RedisError as e:
+                self.metrics.redis_errors.inc()
+                log.warning("reading the trainer's state failed: %s", e)
             await self._refresh_in_flight()
 
     def is_stale(self, group: TrajectoryGroup) -> bool:

@@ -215,7 +215,7 @@ def test_a_dead_replicas_count_expires(tokenizer: Any) -> None:
             DEFAULT_KEYS.in_flight, "ghost", json.dumps({"groups": 2, "oldest_version": 0, "at": sec})
         )
         engine = GatedEngine(tokenizer)
-        prod = _producer(engine, redis, in_flight_ttl_s=1.0)
+        prod = _producer(engine, redis, in_flight_ttl_s=1.5)
         task = asyncio.create_task(prod.run())
         await asyncio.sleep(0.3)
         assert engine.requests == []  # the ghost's fresh count fills the capacity
