@@ -179,9 +179,14 @@ class Sampler:
         self.up = up
         self.every = every
         self.path = path or up.run_dir / "soak_samples.jsonl"
-        self.samples: list[dict[str, float]] = []
-        self.next_step = 0
-        self.t0 = time.monotonic()
+        # A resumed soak continues the series of the run it resumes (time keeps counting from there).
+        self.samples: list[dict[str, float]] = (
+            [json.loads(x) for x in self.path.read_text().splitlines() if x.strip()]
+            if self.path.exists()
+            else []
+        )
+        self.next_step = int(self.samples[-1]["step"]) + every if self.samples else 0
+        self.t0 = time.monotonic() - (self.samples[-1]["t"] if self.samples else 0.0)
 
     def on_status(self, status: dict[str, object]) -> None:
         """``Up.wait_for_steps`` hook: sample when the trainer has moved ``every`` steps on."""
@@ -352,6 +357,12 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", type=Path, help="also write the Markdown report here (e.g. docs/soak_bench.md)")
     p.add_argument("--no-dashboard", action="store_true", help="do not run the dashboard")
     p.add_argument("--report-only", action="store_true", help="report the trends, exit 0 even if one grows")
+    p.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue a soak whose run was interrupted (llds up --resume), appending to its samples",
+    )
     args = p.parse_args(argv)
     if args.steps < 1 or args.sample_every < 1 or not 0 <= args.warmup < 1:
         p.error("--steps and --sample-every must be >= 1 and --warmup in [0, 1)")
@@ -360,13 +371,19 @@ def main(argv: list[str] | None = None) -> int:
     from llds.up import Up, UpConfig, _check_preset
     from llds_proto.settings import ConfigError
 
-    run_dir = args.run_dir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
-    cfg = UpConfig.load(None, {
-        "preset": args.preset, "model": args.model, "steps": args.steps, "run_dir": run_dir,
-        "exit_when_done": True, "dashboard": not args.no_dashboard, "retriever_port": 0,
-        "rollout_port": 0, "trainer_port": 0, "dashboard_port": 0, "redis_port": 0,
-    })  # fmt: skip
-    up = Up(cfg, echo=False)
+    ports = {"retriever_port": 0, "rollout_port": 0, "trainer_port": 0, "dashboard_port": 0, "redis_port": 0}
+    if args.resume is not None:
+        if not (args.resume / "up_config.toml").is_file():
+            p.error(f"{args.resume} is not a run dir of llds up (it has no up_config.toml)")
+        cfg = UpConfig.load(args.resume / "up_config.toml",
+                            {"steps": args.steps, "run_dir": args.resume, "exit_when_done": True, **ports})  # fmt: skip
+    else:
+        run_dir = args.run_dir or Path("runs") / time.strftime("soak-%Y%m%d-%H%M%S")
+        cfg = UpConfig.load(None, {
+            "preset": args.preset, "model": args.model, "steps": args.steps, "run_dir": run_dir,
+            "exit_when_done": True, "dashboard": not args.no_dashboard, **ports,
+        })  # fmt: skip
+    up = Up(cfg, resume=args.resume is not None, echo=False)
     try:
         _check_preset(cfg)
         up.check_run_dir()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -128,4 +129,19 @@ def test_benchmarks_md_has_the_soak_section_until_it_is_measured() -> None:
 def test_bad_arguments_are_a_usage_error() -> None:
     with pytest.raises(SystemExit) as e:
         soak.main(["--steps", "0"])
+    assert e.value.code == 2
+
+
+def test_a_resumed_soak_continues_the_series(tmp_path: Path) -> None:
+    (tmp_path / "soak_samples.jsonl").write_text('{"t": 10.0, "step": 0}\n{"t": 20.5, "step": 5}\n')
+    up = type("UpStub", (), {"run_dir": tmp_path})()
+    sampler = soak.Sampler(up, every=5)  # type: ignore[arg-type]
+    assert [s["step"] for s in sampler.samples] == [0, 5]
+    assert sampler.next_step == 10
+    assert 20.5 <= time.monotonic() - sampler.t0 < 25
+
+
+def test_resume_needs_a_run_dir(tmp_path: Path) -> None:
+    with pytest.raises(SystemExit) as e:
+        soak.main(["--resume", str(tmp_path)])
     assert e.value.code == 2
