@@ -346,6 +346,35 @@ def report(trends: list[Trend], command: str, steps_done: int, wall_s: float, wa
 # ---------------------------------------------------------------------------- command
 
 
+def _verdict(trends: list[Trend], report_only: bool) -> int:
+    """Print which series grow; the exit code that goes with it."""
+    growing = [t for t in trends if t.failed]
+    if not growing:
+        print("soak: nothing keeps growing")
+        return 0
+    names = ", ".join(f"{t.series} ({t.verdict}: +{_fmt(t.series, t.growth)} > {_fmt(t.series, t.allowed or 0)})"
+                      for t in growing)  # fmt: skip
+    print(f"llds bench soak: {'growing (report only)' if report_only else 'FAILED, growing'}: {names}",
+          file=sys.stderr)  # fmt: skip
+    return 0 if report_only else 1
+
+
+def _from_samples(path: Path, warmup: float, out: Path | None, report_only: bool) -> int:
+    """Re-derive the report of a finished soak from its committed samples."""
+    if not path.is_file():
+        print(f"llds bench soak: no samples file {path}", file=sys.stderr)
+        return 2
+    samples = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    trends = analyse(samples, warmup)
+    steps = int(max((s["step"] for s in samples), default=0))
+    wall = float(max((s["t"] for s in samples), default=0.0))
+    text = report(trends, f"llds bench soak --from-samples {path}", steps, wall, warmup)
+    if out:
+        out.write_text(text)
+    print("\n".join(summary_table(trends)))
+    return _verdict(trends, report_only)
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llds bench soak", description=__doc__.split("\n\n")[0])
     p.add_argument("--preset", choices=["cpu", "tiny", "gpu"], default="tiny", help="llds up preset")
@@ -363,7 +392,15 @@ def main(argv: list[str] | None = None) -> int:
         metavar="RUN_DIR",
         help="continue a soak whose run was interrupted (llds up --resume), appending to its samples",
     )
+    p.add_argument(
+        "--from-samples",
+        type=Path,
+        metavar="JSONL",
+        help="only analyse a soak_samples.jsonl written earlier (no services are started)",
+    )
     args = p.parse_args(argv)
+    if args.from_samples is not None:
+        return _from_samples(args.from_samples, args.warmup, args.out, args.report_only)
     if args.steps < 1 or args.sample_every < 1 or not 0 <= args.warmup < 1:
         p.error("--steps and --sample-every must be >= 1 and --warmup in [0, 1)")
 
@@ -420,17 +457,8 @@ def main(argv: list[str] | None = None) -> int:
     print("\n".join(summary_table(trends)))
     print("=" * 72)
     print(f"samples {sampler.path}\nreport  {up.run_dir / 'soak_report.md'}")
-    growing = [t for t in trends if t.failed]
-    if growing:
-        names = ", ".join(f"{t.series} ({t.verdict}: +{_fmt(t.series, t.growth)} > {_fmt(t.series, t.allowed or 0)})"
-                          for t in growing)  # fmt: skip
-        print(f"llds bench soak: {'growing (report only)' if args.report_only else 'FAILED, growing'}: {names}",
-              file=sys.stderr)  # fmt: skip
-        if not args.report_only and code == 0:
-            code = 1
-    elif code == 0:
-        print("soak: nothing keeps growing")
-    return code
+    verdict = _verdict(trends, args.report_only)
+    return code or verdict
 
 
 if __name__ == "__main__":

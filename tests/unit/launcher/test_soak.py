@@ -145,3 +145,20 @@ def test_resume_needs_a_run_dir(tmp_path: Path) -> None:
     with pytest.raises(SystemExit) as e:
         soak.main(["--resume", str(tmp_path)])
     assert e.value.code == 2
+
+
+def test_a_report_is_rederived_from_committed_samples(tmp_path: Path) -> None:
+    steady = "".join(
+        f'{{"t": {i}, "step": {i}, "rss_bytes/trainer": {600 * MIB}}}\n' for i in range(0, 100, 5)
+    )
+    leak = "".join(
+        f'{{"t": {i}, "step": {i}, "rss_bytes/trainer": {600 * MIB + i * 4 * MIB}}}\n'
+        for i in range(0, 100, 5)
+    )
+    (tmp_path / "ok.jsonl").write_text(steady)
+    (tmp_path / "leak.jsonl").write_text(leak)
+    out = tmp_path / "report.md"
+    assert soak.main(["--from-samples", str(tmp_path / "ok.jsonl"), "--out", str(out)]) == 0
+    assert "| rss_bytes/trainer | 16 |" in out.read_text() and "nothing keeps growing" in out.read_text()
+    assert soak.main(["--from-samples", str(tmp_path / "leak.jsonl")]) == 1
+    assert soak.main(["--from-samples", str(tmp_path / "missing.jsonl")]) == 2
