@@ -400,6 +400,7 @@ class GroupProducer:
         logged: str | None = None
         try:
             while not self._stopping:
+                _raise_if_cancelling()
                 try:
                     d = await self._try_admit()
                 except RedisError as e:

@@ -210,10 +210,9 @@ def test_a_dead_replicas_count_expires(tokenizer: Any) -> None:
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
         await _info(redis, groups_per_step=1)  # capacity 2
-        sec, _ = await redis.time()
-        await redis.hset(
-            DEFAULT_KEYS.in_flight, "ghost", json.dumps({"groups": 2, "oldest_version": 0, "at": sec})
-        )
+        sec, usec = await redis.time()
+        entry = {"groups": 2, "deciding": 0, "oldest_version": 0, "at": sec + usec / 1e6}
+        await redis.hset(DEFAULT_KEYS.in_flight, "ghost", json.dumps(entry))
         engine = GatedEngine(tokenizer)
         prod = _producer(engine, redis, in_flight_ttl_s=1.5)
         task = asyncio.create_task(prod.run())
