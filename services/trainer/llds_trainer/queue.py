@@ -127,10 +127,17 @@ class StreamQueue:
                 got.extend(self._decode(resp[0][1]))
         return got
 
-    def ack(self, entry_ids: list[str]) -> None:
-        if not entry_ids:
+    def ack(self, entry_ids: list[str], also_set: tuple[str, str] | None = None) -> None:
+        """XACK the entries; with ``also_set = (key, value)`` SET that key in the same MULTI/EXEC, so
+        no reader sees the acknowledgement without the value (the trainer's info that goes with it)."""
+        if not entry_ids and also_set is None:
             return
-        self.r.xack(self.stream, self.group, *entry_ids)
+        pipe = self.r.pipeline(transaction=True)
+        if entry_ids:
+            pipe.xack(self.stream, self.group, *entry_ids)
+        if also_set is not None:
+            pipe.set(*also_set)
+        pipe.execute()
         self.held.difference_update(entry_ids)
 
     def release(self, entries: list[Entry]) -> None:

@@ -256,24 +256,29 @@ class TrainerService:
         path = self.trainer.save_checkpoint(self.run_dir)
         self.metrics.checkpoint_seconds.set(time.perf_counter() - t)
         failpoint("after_checkpoint", step)
-        self.queue.ack(self._unacked)
+        # The info written with the acknowledgement already names the version this step publishes and
+        # no trained-but-unacknowledged entries: a rollout never sees the queue shrink while the info
+        # still describes the trainer before the step (it would admit a group one version too early).
+        self.queue.ack(self._unacked, also_set=(self.keys.trainer_info, self._info(trained_unacked=0)))
         log.info("step %d checkpointed to %s, acked %d entries", step, path, len(self._unacked))
         self._unacked = []
         failpoint("after_ack", step)
 
-    def _write_info(self) -> None:
-        """What the rollouts' admission control reads (``RunKeys.trainer_info``)."""
+    def _info(self, trained_unacked: int) -> str:
+        """What the rollouts' admission control reads (``RunKeys.trainer_info``), as JSON."""
         st = self.trainer.state
-        info = TrainerInfo(
+        return TrainerInfo(
             run_id=self.cfg.run_id,
             version=st.version,
             step=st.step,
             groups_per_step=self.cfg.groups_per_step,
             publish_every=self.cfg.publish_every,
             staleness_k=self.cfg.staleness_k,
-            trained_unacked=len(self._unacked),
-        )
-        self.redis.set(self.keys.trainer_info, info.model_dump_json())
+            trained_unacked=trained_unacked,
+        ).model_dump_json()
+
+    def _write_info(self) -> None:
+        self.redis.set(self.keys.trainer_info, self._info(trained_unacked=len(self._unacked)))
 
     def _tidy_stream(self) -> None:
         """Trim what every consumer group is done with; export the stream and Redis sizes."""
