@@ -13,6 +13,7 @@ from __future__ import annotations
 import hashlib
 import json
 import resource
+import signal
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -30,6 +31,7 @@ from reliability_kit import (
     wait_for,
     world_index,
 )
+from test_rollout_service import write_trainer_info
 
 from llds.redis_server import RedisServer, free_port
 from llds_proto import streams
@@ -55,6 +57,9 @@ def rollout_service(
             "--model", str(model), "--retriever-url", retriever_url, "--redis-url", redis_url,
             "--dataset", str(world / "train.jsonl"), "--weights-root", str(tmp / "weights"), "--port", str(port)]  # fmt: skip
     (tmp / "weights").mkdir(parents=True, exist_ok=True)
+    # Admission starts no group before the trainer has said how fast it trains: these tests produce
+    # without one (a trainer started later overwrites this with its own pace).
+    write_trainer_info(redis.Redis.from_url(redis_url), groups_per_step=8)
     return Service(name, argv, tmp, {"LLDS_ADMIN_TOKEN": TOKEN, **(env or {})}), f"http://127.0.0.1:{port}"
 
 
@@ -145,6 +150,7 @@ def test_retriever_down_10s_answer_503_then_recovers_without_restart(
     from llds_rollout.serving import BackgroundServer
 
     r = redis.Redis.from_url(redis_url)
+    write_trainer_info(r, groups_per_step=8)  # no trainer here: a pace that lets production run
     dataset = tmp_path / "train.jsonl"
     dataset.write_text(json.dumps({"id": "q0", "data_source": "world", "question": QUESTION,
                                    "golden_answers": ["x"], "extra_info": {"index": 0}}) + "\n")  # fmt: skip
@@ -212,6 +218,10 @@ def test_redis_restart_keeps_acknowledged_data_and_everyone_reconnects(
         rollout.wait_healthy(rollout_url)
         wait_for(lambda: httpx.get(f"{trainer_url}/status").json()["step"] >= 1, 180, "trainer step 1")
 
+        # The trainer trims what it acknowledges; frozen while Redis restarts, it cannot remove entries
+        # under the survival checks (it reconnects once thawed, below).
+        assert trainer.proc is not None
+        trainer.proc.send_signal(signal.SIGSTOP)
         # graceful restart (SIGTERM: the append-only file is flushed): every entry survives
         before = [e for e, _ in r.xrange(streams.DEFAULT_KEYS.stream)]
         group_before = r.xinfo_groups(streams.DEFAULT_KEYS.stream)[0]
@@ -229,13 +239,12 @@ def test_redis_restart_keeps_acknowledged_data_and_everyone_reconnects(
         server.kill()
         server.start()
         assert set(older) <= {e for e, _ in r.xrange(streams.DEFAULT_KEYS.stream)}
-        restarted_at = r.xrange(streams.DEFAULT_KEYS.stream)[-1][0]
+        last_id = lambda: r.xinfo_stream(streams.DEFAULT_KEYS.stream)["last-generated-id"]  # noqa: E731
+        restarted_at = last_id()
+        trainer.proc.send_signal(signal.SIGCONT)
 
         # producer and consumer reconnect by themselves: new groups arrive, the trainer finishes
-        wait_for(
-            lambda: r.xrange(streams.DEFAULT_KEYS.stream)[-1][0] > restarted_at, 120, "a group after restart"
-        )
-        assert trainer.proc is not None
+        wait_for(lambda: last_id() > restarted_at, 120, "a group after restart")
         rc = trainer.proc.wait(240)
         assert rc == 0, trainer.log()
         assert httpx.get(f"{rollout_url}/health").json()["status"] == "ok"
