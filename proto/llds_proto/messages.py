@@ -435,4 +435,7 @@ class TrajectoryGroup(BaseModel):
     @property
     def max_version(self) -> int:
         """Newest policy version that sampled any token of the group; -1 if none sampled any."""
-        return max((v for t in self.trajectories for v, m in zip(t.versions, t.loss_mask) if m), default=-1)
+        return max(
+            (v for t in self.trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m),
+            default=-1,
+        )

@@ -7,19 +7,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import pytest
-from up_kit import LldsProcess
+from up_kit import LLDS_UP_MARKS, LldsProcess
 
-from llds.cli import vllm_python
-
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        vllm_python() is None,
-        reason="the tiny preset's rollout runs on vLLM and no .venv-vllm is built: `make test` builds it",
-    ),
-]
+pytestmark = LLDS_UP_MARKS
 
 
 def test_soak_samples_every_series_and_reports(tmp_path: Path) -> None:

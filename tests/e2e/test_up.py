@@ -22,20 +22,12 @@ from pathlib import Path
 import httpx
 import pytest
 import redis
-from up_kit import FREE_PORTS, LldsProcess, alive, train_log, wait_step
+from up_kit import FREE_PORTS, LLDS_UP_MARKS, LldsProcess, alive, train_log, wait_step
 
-from llds.cli import vllm_python
 from llds_proto.codec import decode_group
 from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, RunKeys
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        vllm_python() is None,
-        reason="the tiny preset's rollout runs on vLLM and no .venv-vllm is built: `make test` builds it",
-    ),
-]
+pytestmark = LLDS_UP_MARKS
 
 STEPS = 2
 MISMATCH_KL_MAX = 1e-3

@@ -16,20 +16,11 @@ import time
 from pathlib import Path
 
 import httpx
-import pytest
-from up_kit import FREE_PORTS, LldsProcess, alive, train_log, wait_gone, wait_step
+from up_kit import FREE_PORTS, LLDS_UP_MARKS, LldsProcess, alive, train_log, wait_gone, wait_step
 
-from llds.cli import vllm_python
 from llds.up import latest_weights
 
-pytestmark = [
-    pytest.mark.e2e,
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        vllm_python() is None,
-        reason="the tiny preset's rollout runs on vLLM and no .venv-vllm is built: `make test` builds it",
-    ),
-]
+pytestmark = LLDS_UP_MARKS
 
 TOTAL = 6
 

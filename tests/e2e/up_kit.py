@@ -13,6 +13,9 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
+
+from llds.cli import vllm_python
 
 FREE_PORTS = ["--retriever-port", "0", "--rollout-port", "0", "--trainer-port", "0", "--redis-port", "0",
               "--dashboard-port", "0"]  # fmt: skip
@@ -157,3 +160,14 @@ def wait_step(run_dir: Path, step: int, proc: LldsProcess, timeout_s: float) -> 
             )
         time.sleep(0.5)
     raise AssertionError(f"no step {step} after {timeout_s:.0f} s:\n{proc.output()}")
+
+
+LLDS_UP_MARKS = [
+    pytest.mark.e2e,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        vllm_python() is None,
+        reason="the tiny preset's rollout runs on vLLM and no .venv-vllm is built: `make test` builds it",
+    ),
+]
+"""Marks of every test that runs ``llds up`` (its tiny preset's rollout is on vLLM)."""

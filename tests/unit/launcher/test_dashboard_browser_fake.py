@@ -71,7 +71,8 @@ def test_dashboard_page_shows_live_changing_values(
     assert sys_vals["rate:llds_retriever_requests_total"] > 0
     assert 0.001 < sys_vals["mean:llds_retriever_request_latency_seconds"] < 0.01
     assert (
-        sys_vals["llds_trainer_stream_length_entries"] is not None and sys_vals["llds_trainer_consumer_lag_entries"] is not None
+        sys_vals["llds_trainer_stream_length_entries"] is not None
+        and sys_vals["llds_trainer_consumer_lag_entries"] is not None
     )
     # Unknown names still get panels of their own.
     assert (

@@ -135,7 +135,10 @@ def test_layout_places_known_keys_and_groups_the_rest() -> None:
     assert panels["weights"]["series"] == [
         'llds_rollout_weights_version{replica="a"}'
     ]  # labelled series match
-    assert panels["queue"]["missing"] == ["llds_trainer_consumer_lag_entries", "llds_rollout_redis_buffer_groups"]
+    assert panels["queue"]["missing"] == [
+        "llds_trainer_consumer_lag_entries",
+        "llds_rollout_redis_buffer_groups",
+    ]
     assert panels["h:timing"]["series"] == ["timing/io_s", "timing/step_s"]
     assert panels["h:other"]["series"] == ["odd"]
     assert panels["m:llds_new_thing:rate"]["series"] == ["rate:llds_new_thing_total"]
