@@ -194,12 +194,10 @@ def run_admission_audit(model: Path, redis_url: str, tmp: Path, engine: str, ste
         if g.min_version < audit.acked_at_version[eid] - K
     ]
     assert not late, "\n".join(late)
-    # Admission makes stale drops the exception, not impossible (a race between the trainer's
-    # acknowledgement and its next info write can let one group in): every acknowledged group that was
-    # not trained was dropped as stale by the trainer, and they are rare.
+    # Admission lets no group start that cannot be trained within K: nothing is dropped as stale, at
+    # the trainer (every acknowledged group was trained) or at the rollout (below).
     dropped = [g.group_id for eid, g in acked.items() if eid not in trained]
-    assert trainer.log(200_000).count(": stale") == len(dropped), trainer.log()
-    assert len(dropped) <= max(1, len(acked) // 5), (dropped, lines)
+    assert not dropped and trainer.log(200_000).count(": stale") == 0, (dropped, lines)
     assert all(g.run_id == keys.run_id for g in audit.groups.values())
     # the trainer really moved on: versions 1..steps were published and swapped in
     assert int(r.get(keys.trainer_version) or 0) == steps
@@ -207,8 +205,13 @@ def run_admission_audit(model: Path, redis_url: str, tmp: Path, engine: str, ste
     assert health["detail"]["weights_version"] >= steps - 1
     # the rollout's own stale drops are counted and rare too
     rollout_drops = _metric(rollout_metrics, "llds_rollout_stale_groups_dropped_total")
-    assert rollout.log(200_000).count("stale group dropped") == rollout_drops <= max(1, len(acked) // 5)
+    assert rollout.log(2_000_000).count("stale group dropped") == rollout_drops == 0
     assert _metric(rollout_metrics, "llds_rollout_admission_capacity_groups") > 0
+    # The rollout's own INFO lines reach its log on either engine (on vLLM a dependency re-levels the
+    # root logger to ERROR at engine start): one "group pushed" line per group that was trained.
+    rollout_log = rollout.log(2_000_000)
+    assert rollout_log.count("INFO llds_rollout.scheduler group pushed") >= len(trained), rollout_log[-4000:]
+    assert "INFO llds_rollout.scheduler group admitted" in rollout_log
 
 
 def test_admission_keeps_every_trained_group_within_k_transformers(

@@ -78,7 +78,7 @@ def serve_main(argv: list[str]) -> int:
         return _config_error(ValueError("no model: pass --model or set model in the config"))
     if args.write_config:
         settings.write_toml(args.write_config)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    configure_logging()
 
     import uvicorn
 
@@ -86,6 +86,27 @@ def serve_main(argv: list[str]) -> int:
 
     uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
     return 0
+
+
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s %(message)s"
+OWN_LOGGERS = ("llds_rollout", "llds_proto")
+
+
+def configure_logging(level: int = logging.INFO) -> None:
+    """Our loggers get a handler of their own and do not propagate to the root logger.
+
+    The root logger is not ours to keep: a dependency of vLLM (``model_hosting_container_standards``)
+    sets its level, and its handlers' levels, to ERROR when the engine starts, which silenced every
+    INFO and WARNING line of the rollout on the vLLM engine. Third-party lines still go through root.
+    """
+    logging.basicConfig(level=level, format=LOG_FORMAT)
+    handler = logging.StreamHandler()
+    handler.setFormatter(logging.Formatter(LOG_FORMAT))
+    for name in OWN_LOGGERS:
+        own = logging.getLogger(name)
+        own.handlers = [handler]
+        own.setLevel(level)
+        own.propagate = False
 
 
 def answer_main(argv: list[str]) -> int:

@@ -88,6 +88,95 @@ class Admission:
     """Versions the oldest group that the new one could overtake is behind the trainer."""
 
 
+@dataclass(frozen=True)
+class RedisView:
+    """Everything an admission decision reads from Redis, taken in one MULTI/EXEC.
+
+    Read one command at a time, a decision could pair the trainer's info from before a step with the
+    queue from after it (the trainer acknowledges and writes its info atomically, so only a torn read
+    can see one without the other).
+    """
+
+    version_key: int | None
+    """The trainer's version key; None if unset or unreadable."""
+    info: TrainerInfo | None
+    unacked: int
+    """Stream entries the trainer has not acknowledged (consumer-group lag + pending)."""
+    acked: int | None
+    """Entries the trainer's group has acknowledged ever; None when Redis cannot tell."""
+    in_flight: dict[str, bytes]
+    """Every replica's in-flight entry (``RunKeys.in_flight``)."""
+    now: float
+    """Redis's clock at the read."""
+
+
+def stream_counts(groups: Any, xlen: int) -> tuple[int, int | None]:
+    """(entries not acknowledged, entries acknowledged ever or None) from XINFO GROUPS and XLEN.
+
+    ``groups`` is None when the stream does not exist yet.
+    """
+    if groups is None:
+        return 0, 0
+    for g in groups:
+        if g.get("name") in (TRAINER_GROUP, TRAINER_GROUP.encode()):
+            pending = int(g.get("pending", 0))
+            read = g.get("entries-read")
+            if read is None and g.get("last-delivered-id") in (b"0-0", "0-0"):
+                read = 0  # nothing read yet
+            acked = None if read is None else int(read) - pending
+            lag = g.get("lag")
+            if lag is None:  # Redis cannot tell after deletions: count conservatively
+                return xlen, acked
+            return int(lag) + pending, acked
+    return xlen, 0  # no trainer has read yet: all queued
+
+
+def _parse_info(raw: bytes | None, key: str) -> TrainerInfo | None:
+    if raw is None:
+        return None
+    try:
+        return TrainerInfo.model_validate_json(raw)
+    except ValidationError as e:
+        log.warning("unreadable trainer info at %s: %s", key, e)
+        return None
+
+
+async def read_view(redis: aioredis.Redis, keys: RunKeys) -> RedisView:
+    """One atomic read (MULTI/EXEC) of the trainer's state, the stream and every replica's in-flight
+    entry. Raises :class:`RedisError` when Redis cannot answer; no stream yet is an empty queue."""
+    async with redis.pipeline(transaction=True) as pipe:
+        pipe.get(keys.trainer_version)
+        pipe.get(keys.trainer_info)
+        pipe.xinfo_groups(keys.stream)
+        pipe.xlen(keys.stream)
+        pipe.hgetall(keys.in_flight)
+        pipe.time()
+        version_raw, info_raw, groups, xlen, in_flight, clock = await pipe.execute(raise_on_error=False)
+    for r in (version_raw, info_raw, xlen, in_flight, clock):
+        if isinstance(r, Exception):
+            raise r
+    if isinstance(groups, Exception):
+        if "no such key" not in str(groups).lower():
+            raise groups
+        groups = None
+    version: int | None = None
+    if version_raw is not None:
+        try:
+            version = int(version_raw)
+        except ValueError:
+            log.warning("unreadable trainer version at %s: %r", keys.trainer_version, version_raw)
+    unacked, acked = stream_counts(groups, int(xlen))
+    sec, usec = clock
+    return RedisView(
+        version_key=version,
+        info=_parse_info(info_raw, keys.trainer_info),
+        unacked=unacked,
+        acked=acked,
+        in_flight={(k.decode() if isinstance(k, bytes) else str(k)): v for k, v in in_flight.items()},
+        now=sec + usec / 1e6,
+    )
+
+
 def decide(x: AdmissionInputs, *, max_staleness: int, max_queued_groups: int) -> Admission:
     """Admit a new group iff ``queued + in_flight + 1 <= info.capacity(lag)``.
 
@@ -250,28 +339,10 @@ class GroupProducer:
 
         Raises :class:`RedisError` when Redis cannot say; no stream yet is 0.
         """
-        return (await self._stream_state())[0]
+        return (await self._view()).unacked
 
-    async def _stream_state(self) -> tuple[int, int | None]:
-        """(entries not acknowledged, entries acknowledged ever or None if Redis cannot tell)."""
-        try:
-            groups = await self.redis.xinfo_groups(self.keys.stream)
-        except RedisError as e:
-            if "no such key" in str(e).lower():
-                return 0, 0
-            raise
-        for g in groups:
-            if g.get("name") in (TRAINER_GROUP, TRAINER_GROUP.encode()):
-                pending = int(g.get("pending", 0))
-                read = g.get("entries-read")
-                if read is None and g.get("last-delivered-id") in (b"0-0", "0-0"):
-                    read = 0  # nothing read yet
-                acked = None if read is None else int(read) - pending
-                lag = g.get("lag")
-                if lag is None:  # Redis cannot tell after deletions: count conservatively
-                    return int(await self.redis.xlen(self.keys.stream)), acked
-                return int(lag) + pending, acked
-        return int(await self.redis.xlen(self.keys.stream)), 0  # no trainer has read yet: all queued
+    async def _view(self) -> RedisView:
+        return await read_view(self.redis, self.keys)
 
     # ------------------------------------------------------------------ in-flight counts
 
@@ -307,11 +378,11 @@ class GroupProducer:
         """Remove this replica's entry (on shutdown), so others stop counting it at once."""
         await self.redis.hdel(self.keys.in_flight, self.producer)
 
-    async def _others_in_flight(self, now: float) -> tuple[int, int, int | None]:
+    def _others_in_flight(self, view: RedisView) -> tuple[int, int, int | None]:
         """(groups, pending decisions, oldest start version) of the other live replicas."""
         groups, deciding, oldest = 0, 0, None
-        for name, raw in (await self.redis.hgetall(self.keys.in_flight)).items():
-            name = name.decode() if isinstance(name, bytes) else str(name)
+        now = view.now
+        for name, raw in view.in_flight.items():
             if name == self.producer:
                 continue
             try:
@@ -334,28 +405,19 @@ class GroupProducer:
 
     # ------------------------------------------------------------------ admission
 
-    async def _read_info(self) -> TrainerInfo | None:
-        raw = await self.redis.get(self.keys.trainer_info)
-        if raw is None:
-            return None
-        try:
-            return TrainerInfo.model_validate_json(raw)
-        except ValidationError as e:
-            log.warning("unreadable trainer info at %s: %s", self.keys.trainer_info, e)
-            return None
-
-    async def _observe_trainer(self) -> tuple[TrainerInfo | None, int, bool]:
-        """(info, entries not acknowledged, acknowledged since the info was first seen).
+    async def _observe_trainer(self) -> tuple[RedisView, bool]:
+        """(the Redis view, acknowledged since its info was first seen).
 
         Also run every poll, not only when a slot frees: the acknowledgement count that goes with an
         info must be taken before the trainer's next XACK, i.e. within a step of the info's write.
         """
-        await self._read_version()
-        info = await self._read_info()
-        if info is not None and info.version > self.trainer_version:
-            self.trainer_version = info.version
+        view = await self._view()
+        info = view.info
+        newest = max(view.version_key or 0, info.version if info is not None else 0)
+        if newest > self.trainer_version:
+            self.trainer_version = newest
             self.metrics.trainer_version.set(self.trainer_version)
-        unacked, acked = await self._stream_state()
+        acked = view.acked
         if info != self._info_seen or self._acked_at_info is None:
             self._info_seen, self._acked_at_info, self._acked_seen_at = info, acked, None
         acked_since_info = False
@@ -364,25 +426,28 @@ class GroupProducer:
             # ever could hold back the very groups the trainer waits for.
             self._acked_seen_at = self._acked_seen_at or time.monotonic()
             acked_since_info = time.monotonic() - self._acked_seen_at < self.ack_window_s
-        return info, unacked, acked_since_info
+        return view, acked_since_info
 
     async def _try_admit(self) -> Admission:
         """Reserve a slot in the shared count first, then decide: two replicas deciding at once each
         see the other's reservation, so together they never overshoot the capacity."""
         self._reserved = self.engine.version
         await self._publish_in_flight()
-        info, unacked, acked_since_info = await self._observe_trainer()
-        others, deciding, others_oldest = await self._others_in_flight(await self._redis_now())
-        local = self._local_versions()
+        # This replica's own state is taken before Redis is read, not after: a group pushed while the
+        # read is under way then counts twice (in the stream and here) for one decision, instead of
+        # nowhere (gone from here, not yet in the stream as read), which let a group in too many.
+        local, held, engine_version = self._local_versions(), len(self._held), self.engine.version
+        view, acked_since_info = await self._observe_trainer()
+        others, deciding, others_oldest = self._others_in_flight(view)
         oldest = min([*local, *([others_oldest] if others_oldest is not None else [])], default=None)
         decision = decide(
             AdmissionInputs(
-                info=info,
+                info=view.info,
                 trainer_version=self.trainer_version,
-                engine_version=self.engine.version,
+                engine_version=engine_version,
                 oldest_in_flight=oldest,
-                stream_unacked=unacked,
-                in_flight=others + deciding + len(self._held),
+                stream_unacked=view.unacked,
+                in_flight=others + deciding + held,
                 acked_since_info=acked_since_info,
             ),
             max_staleness=self.max_staleness,
@@ -390,7 +455,7 @@ class GroupProducer:
         )
         self.metrics.admission_capacity.set(decision.capacity)
         self.metrics.queued_groups.set(decision.queued)
-        self.metrics.groups_in_flight.set(others + len(self._held))
+        self.metrics.groups_in_flight.set(others + held)
         return decision
 
     async def _admit(self) -> int | None:
@@ -470,24 +535,16 @@ class GroupProducer:
 
     async def _read_version(self) -> None:
         try:
-            raw = await self.redis.get(self.keys.trainer_version)
+            await self._observe_trainer()
         except RedisError as e:
             self.metrics.redis_errors.inc()
-            log.warning("reading trainer version failed: %s", e)
-            return
-        if raw is not None:
-            self.trainer_version = max(self.trainer_version, int(raw))
-            self.metrics.trainer_version.set(self.trainer_version)
+            log.warning("reading the trainer's state failed: %s", e)
 
     async def _poll_version(self) -> None:
         while True:
             _raise_if_cancelling()
             await asyncio.sleep(self.version_poll_s)
-            try:
-                await self._observe_trainer()
-            except RedisError as e:
-                self.metrics.redis_errors.inc()
-                log.warning("reading the trainer's state failed: %s", e)
+            await self._read_version()
             await self._refresh_in_flight()
 
     def is_stale(self, group: TrajectoryGroup) -> bool:

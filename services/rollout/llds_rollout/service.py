@@ -35,14 +35,6 @@ from llds_rollout.weights import WeightsError, load_tensors, published_dir_name,
 log = logging.getLogger("llds_rollout.service")
 
 
-def _reenable_own_loggers() -> None:
-    """vLLM's logging set-up (``dictConfig``) disables every logger that existed before it, ours
-    included: without this the rollout's structured lines vanish on the vLLM backend."""
-    for name, logger in logging.Logger.manager.loggerDict.items():
-        if name.startswith("llds") and isinstance(logger, logging.Logger):
-            logger.disabled = False
-
-
 class NotReadyError(RuntimeError):
     """The model is not loaded yet (or failed to load) (-> 503)."""
 
@@ -122,7 +114,6 @@ class RolloutService:
 
             self.tokenizer = await asyncio.to_thread(AutoTokenizer.from_pretrained, s.model)
             await asyncio.to_thread(self.engine.start)
-            _reenable_own_loggers()
         except Exception as e:
             self.load_error = f"{type(e).__name__}: {e}"
             log.exception("model load failed model=%s", s.model)
