@@ -18,8 +18,10 @@ from __future__ import annotations
 
 import argparse
 import fnmatch
+import itertools
 import json
 import os
+import re
 import signal
 import statistics
 import sys
@@ -324,7 +326,14 @@ def summary_table(trends: list[Trend]) -> list[str]:
     return rows
 
 
-def report(trends: list[Trend], command: str, steps_done: int, wall_s: float, warmup: float) -> str:
+def report(
+    trends: list[Trend],
+    command: str,
+    steps_done: int,
+    wall_s: float,
+    warmup: float,
+    figures: dict[str, float] | None = None,
+) -> str:
     failed = [t.series for t in trends if t.failed]
     lines = [
         "# Soak: `llds up` for many steps, nothing may keep growing",
@@ -340,7 +349,90 @@ def report(trends: list[Trend], command: str, steps_done: int, wall_s: float, wa
         "",
         f"Verdict: {'FAILED, growing: ' + ', '.join(failed) if failed else 'nothing keeps growing'}.",
     ]
+    if figures:
+        lines += ["", "Run figures (`run_figures`: train log, samples and the drops the services logged):", "",
+                  *figures_table(figures)]  # fmt: skip
     return "\n".join(lines) + "\n"
+
+
+# ---------------------------------------------------------------------------- run figures
+
+DROP_LINE = re.compile(r"dropping entry \S+ \((?P<group>[^)]*)\): (?P<reason>\w+)")
+ROLLOUT_STALE_LINE = "stale group dropped"
+
+
+def drop_lines(run_dir: Path) -> list[str]:
+    """Every drop the services logged, in order: the trainer's ``dropping entry`` lines and the
+    rollout's ``stale group dropped`` lines (logs are appended across ``--resume``)."""
+    out = []
+    for name, needle in (("trainer", "dropping entry"), ("rollout", ROLLOUT_STALE_LINE)):
+        path = run_dir / "logs" / f"{name}.log"
+        if path.is_file():
+            out += [
+                f"{name}: {x.strip()}" for x in path.read_text(errors="replace").splitlines() if needle in x
+            ]
+    return out
+
+
+def _pct(xs: list[float], q: float) -> float:
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, round(q * (len(xs) - 1)))] if xs else 0.0
+
+
+def run_figures(
+    samples: list[dict[str, float]], train: list[dict[str, float]], drops: list[str]
+) -> dict[str, float]:
+    """The run's headline figures: pace, exactness, drops, memory (from the samples, the trainer's
+    train log and the logged drops)."""
+    fig: dict[str, float] = {"steps": float(max((r["step"] for r in train), default=0))}
+    fig["wall_min"] = max((s["t"] for s in samples), default=0.0) / 60
+    step_s = [float(r["perf/step_s"]) for r in train if "perf/step_s" in r]
+    fig["step_s_median"], fig["step_s_p90"] = statistics.median(step_s or [0.0]), _pct(step_s, 0.9)
+    stamps = sorted(float(r["time/unix"]) for r in train if "time/unix" in r)
+    gaps = [b - a for a, b in itertools.pairwise(stamps)]
+    fig["cycle_s_median"] = statistics.median(gaps) if gaps else 0.0
+    fig["groups_trained"] = float(sum(r.get("data/groups", 0) for r in train))
+    fig["mismatch_kl_max_abs"] = max(
+        (abs(float(r["mismatch/kl"])) for r in train if "mismatch/kl" in r), default=0.0
+    )
+    fig["mismatch_abs_logp_diff_max"] = max(
+        (float(r.get("mismatch/abs_logp_diff", 0)) for r in train), default=0.0
+    )
+    reasons: dict[str, int] = {}
+    for line in drops:
+        m = DROP_LINE.search(line) if line.startswith("trainer:") else None
+        if m:
+            reasons[m["reason"]] = reasons.get(m["reason"], 0) + 1
+    for reason, n in sorted(reasons.items()):
+        fig[f"trainer_dropped_{reason}"] = float(n)
+    fig["trainer_dropped_stale"] = float(reasons.get("stale", 0))
+    fig["rollout_dropped_stale"] = float(sum(1 for x in drops if x.startswith("rollout:")))
+    totals = [sum(v for k, v in s.items() if k.startswith("rss_bytes/")) for s in samples]
+    fig["rss_peak_total_mib"] = max(totals, default=0.0) / MIB
+    for name in sorted({k.split("/", 1)[1] for s in samples for k in s if k.startswith("rss_bytes/")}):
+        fig[f"rss_peak_{name}_mib"] = (
+            max((s.get(f"rss_bytes/{name}", 0.0) for s in samples), default=0.0) / MIB
+        )
+    fig["redis_used_memory_peak_mib"] = (
+        max((s.get("redis/used_memory_bytes", 0.0) for s in samples), default=0.0) / MIB
+    )
+    fig["stream_length_max"] = max((s.get("redis/stream_length", 0.0) for s in samples), default=0.0)
+    fig["run_dir_peak_mib"] = max((s.get("run_dir/total_bytes", 0.0) for s in samples), default=0.0) / MIB
+    rewards = [float(r["reward/mean"]) for r in train if "reward/mean" in r]
+    if rewards:
+        n = max(1, len(rewards) // 10)
+        fig["reward_first_tenth"], fig["reward_last_tenth"] = (
+            statistics.fmean(rewards[:n]),
+            statistics.fmean(rewards[-n:]),
+        )
+    return fig
+
+
+def figures_table(fig: dict[str, float]) -> list[str]:
+    rows = ["| figure | value |", "|---|---|"]
+    for k, v in fig.items():
+        rows.append(f"| {k} | {v:.3g} |" if abs(v) < 1000 else f"| {k} | {v:.0f} |")
+    return rows
 
 
 # ---------------------------------------------------------------------------- command
@@ -359,16 +451,36 @@ def _verdict(trends: list[Trend], report_only: bool) -> int:
     return 0 if report_only else 1
 
 
-def _from_samples(path: Path, warmup: float, out: Path | None, report_only: bool) -> int:
-    """Re-derive the report of a finished soak from its committed samples."""
-    if not path.is_file():
-        print(f"llds bench soak: no samples file {path}", file=sys.stderr)
-        return 2
-    samples = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+def _jsonl(path: Path) -> list[dict[str, float]]:
+    return [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+
+
+def _from_samples(
+    path: Path,
+    warmup: float,
+    out: Path | None,
+    report_only: bool,
+    train_log: Path | None = None,
+    drops: Path | None = None,
+) -> int:
+    """Re-derive the report of a finished soak from its committed samples (and, for the run figures,
+    its train log and logged drops)."""
+    for f in (path, train_log, drops):
+        if f is not None and not f.is_file():
+            print(f"llds bench soak: no such file {f}", file=sys.stderr)
+            return 2
+    samples = _jsonl(path)
     trends = analyse(samples, warmup)
     steps = int(max((s["step"] for s in samples), default=0))
     wall = float(max((s["t"] for s in samples), default=0.0))
-    text = report(trends, f"llds bench soak --from-samples {path}", steps, wall, warmup)
+    figures = None
+    command = f"llds bench soak --from-samples {path}"
+    if train_log is not None:
+        lines = drops.read_text().splitlines() if drops is not None else []
+        figures = run_figures(samples, _jsonl(train_log), lines)
+        command += f" --train-log {train_log}" + (f" --drops {drops}" if drops is not None else "")
+        print("\n".join(figures_table(figures)))
+    text = report(trends, command, steps, wall, warmup, figures)
     if out:
         out.write_text(text)
     print("\n".join(summary_table(trends)))
@@ -398,9 +510,17 @@ def main(argv: list[str] | None = None) -> int:
         metavar="JSONL",
         help="only analyse a soak_samples.jsonl written earlier (no services are started)",
     )
+    p.add_argument("--train-log", type=Path, metavar="JSONL",
+                   help="with --from-samples: the run's train_log.jsonl, for the run figures")  # fmt: skip
+    p.add_argument("--drops", type=Path, metavar="LOG",
+                   help="with --train-log: the run's soak_drops.log (the drops its services logged)")  # fmt: skip
     args = p.parse_args(argv)
     if args.from_samples is not None:
-        return _from_samples(args.from_samples, args.warmup, args.out, args.report_only)
+        return _from_samples(
+            args.from_samples, args.warmup, args.out, args.report_only, args.train_log, args.drops
+        )
+    if args.train_log is not None or args.drops is not None:
+        p.error("--train-log and --drops go with --from-samples (a live soak reads its own run dir)")
     if args.steps < 1 or args.sample_every < 1 or not 0 <= args.warmup < 1:
         p.error("--steps and --sample-every must be >= 1 and --warmup in [0, 1)")
 
@@ -449,7 +569,12 @@ def main(argv: list[str] | None = None) -> int:
         up.stop()
     wall_s = time.monotonic() - t0
     trends = analyse(sampler.samples, args.warmup)
-    text = report(trends, command, up.logged_step(), wall_s, args.warmup)
+    drops = drop_lines(up.run_dir)
+    (up.run_dir / "soak_drops.log").write_text("".join(x + "\n" for x in drops))
+    train_log = up.run_dir / "trainer" / "train_log.jsonl"
+    figures = run_figures(sampler.samples, _jsonl(train_log) if train_log.is_file() else [], drops)
+    (up.run_dir / "soak_figures.json").write_text(json.dumps(figures, indent=1) + "\n")
+    text = report(trends, command, up.logged_step(), wall_s, args.warmup, figures)
     (up.run_dir / "soak_report.md").write_text(text)
     if args.out:
         args.out.write_text(text)

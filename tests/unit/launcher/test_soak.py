@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -162,3 +163,56 @@ def test_a_report_is_rederived_from_committed_samples(tmp_path: Path) -> None:
     assert "| rss_bytes/trainer | 16 |" in out.read_text() and "nothing keeps growing" in out.read_text()
     assert soak.main(["--from-samples", str(tmp_path / "leak.jsonl")]) == 1
     assert soak.main(["--from-samples", str(tmp_path / "missing.jsonl")]) == 2
+
+
+def test_run_figures_from_the_train_log_samples_and_logged_drops(tmp_path: Path) -> None:
+    train = [
+        {"step": i, "time/unix": 1000.0 + 80 * i, "perf/step_s": 70.0 + i, "data/groups": 2,
+         "mismatch/kl": (-1) ** i * 1e-9 * i, "mismatch/abs_logp_diff": 1e-6, "reward/mean": i / 10}
+        for i in range(1, 11)
+    ]  # fmt: skip
+    samples = [
+        {"t": 60.0 * i, "step": i, "rss_bytes/trainer": (1000 + i) * MIB, "rss_bytes/rollout": 4000 * MIB,
+         "redis/used_memory_bytes": 1.5 * MIB, "redis/stream_length": i % 3, "run_dir/total_bytes": 4096 * MIB}
+        for i in range(0, 11, 2)
+    ]  # fmt: skip
+    run = tmp_path / "run"
+    (run / "logs").mkdir(parents=True)
+    (run / "logs" / "trainer.log").write_text(
+        "INFO llds.trainer step 1 ...\n"
+        "WARNING llds.trainer dropping entry 17-0 (world:1:2:x): stale\n"
+        "WARNING llds.trainer dropping entry 18-0 (-): invalid\n"
+        "WARNING llds.trainer dropping entry 19-0 (world:3:2:x): orphaned\n"
+    )
+    (run / "logs" / "rollout.log").write_text(
+        "x stale group dropped group_id=a min_version=1 trainer=3 k=1\n"
+    )
+    drops = soak.drop_lines(run)
+    assert [d.split(":")[0] for d in drops] == ["trainer"] * 3 + ["rollout"]
+    fig = soak.run_figures(samples, train, drops)
+    assert fig["steps"] == 10 and fig["groups_trained"] == 20
+    assert fig["wall_min"] == 10.0
+    assert fig["step_s_median"] == 75.5 and fig["cycle_s_median"] == 80.0
+    assert fig["mismatch_kl_max_abs"] == pytest.approx(1e-8) and fig["mismatch_abs_logp_diff_max"] == 1e-6
+    assert (
+        fig["trainer_dropped_stale"],
+        fig["trainer_dropped_invalid"],
+        fig["trainer_dropped_orphaned"],
+    ) == (1, 1, 1)
+    assert fig["rollout_dropped_stale"] == 1
+    assert fig["rss_peak_total_mib"] == 5010 and fig["rss_peak_trainer_mib"] == 1010
+    assert fig["redis_used_memory_peak_mib"] == 1.5 and fig["stream_length_max"] == 2
+    assert fig["reward_first_tenth"] == pytest.approx(0.1) and fig["reward_last_tenth"] == pytest.approx(1.0)
+    # and the committed files give the same figures and a report that shows them
+    (tmp_path / "s.jsonl").write_text("".join(json.dumps(s) + "\n" for s in samples))
+    (tmp_path / "t.jsonl").write_text("".join(json.dumps(r) + "\n" for r in train))
+    (tmp_path / "d.log").write_text("".join(d + "\n" for d in drops))
+    out = tmp_path / "report.md"
+    args = ["--from-samples", str(tmp_path / "s.jsonl"), "--train-log", str(tmp_path / "t.jsonl"),
+            "--drops", str(tmp_path / "d.log"), "--out", str(out), "--report-only"]  # fmt: skip
+    assert soak.main(args) == 0
+    assert (
+        "| trainer_dropped_stale | 1 |" in out.read_text() and "| step_s_median | 75.5 |" in out.read_text()
+    )
+    with pytest.raises(SystemExit):
+        soak.main(["--train-log", str(tmp_path / "t.jsonl")])
