@@ -241,6 +241,8 @@ PANELS: tuple[Panel, ...] = (
     Panel("lld_alarm", "LLD alarm (0 ok, 1 warning, 2 alarm)", H, ("lld/alarm",), "Reward", stepped=True,
           y_range=(0, 2)),
     Panel("loss_llds", "LLDS term", H, ("loss/llds|lld/llds_term",), "Reward"),
+    Panel("llds_lambda", "LLDS lambda and alarm actions (1 = the alarm acted)", H, ("llds/lambda", "lld/action"),
+          "Reward", stepped=True),
     Panel("loss", "Losses", H, ("loss/total", "loss/policy", "loss/kl"), "Reward"),
     Panel("lld_logp", "Log-likelihood per token (correct, first / later actions, incorrect)", H,
           ("lld/correct_logp_mean|lld/correct_logp_token", "lld/first_action_logp", "lld/later_action_logp",

@@ -172,6 +172,16 @@ class TrainerConfig(ServiceSettings):
     """Consecutive steps the warning conditions must hold."""
     lld_spike_factor: float = Field(default=3.0, gt=1)
     """Alarm: entropy or gradient norm above this multiple of its window median."""
+    lld_alarm_action: Literal["none", "enable_llds", "raise_lambda"] = "none"
+    """What the alarm does when it enters ``lld_alarm_trigger``: nothing (monitor only), switch LLDS on
+    (``regularizer = "none"`` runs; lambda ``llds_lambda``), or multiply lambda by
+    ``lld_alarm_lambda_factor`` up to ``lld_alarm_lambda_max`` (``regularizer = "llds"`` runs)."""
+    lld_alarm_trigger: Literal["warning", "alarm"] = "warning"
+    """Alarm state whose entry makes ``lld_alarm_action`` act."""
+    lld_alarm_lambda_factor: float = Field(default=2.0, gt=1)
+    """raise_lambda: factor applied to lambda each time the trigger state is entered."""
+    lld_alarm_lambda_max: float = Field(default=1.0, gt=0)
+    """raise_lambda: cap of lambda."""
     trackers: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """Extra step writers beside train_log.jsonl: TensorBoard (``run_dir/tensorboard``) and/or W&B."""
     wandb_project: str = "llds"
@@ -192,6 +202,20 @@ class TrainerConfig(ServiceSettings):
             raise ValueError(
                 f"consumed_window_steps ({self.consumed_window_steps}) must be >= checkpoint_every "
                 f"({self.checkpoint_every}): a redelivered entry can be that many steps old"
+            )
+        if self.lld_alarm_action == "enable_llds" and self.regularizer == "llds":
+            raise ValueError(
+                "lld_alarm_action = 'enable_llds' needs regularizer = 'none' (LLDS is already on); "
+                "use 'raise_lambda' to strengthen it"
+            )
+        if self.lld_alarm_action == "raise_lambda" and self.regularizer != "llds":
+            raise ValueError(
+                "lld_alarm_action = 'raise_lambda' needs regularizer = 'llds' (there is no lambda to raise); "
+                "use 'enable_llds' to switch it on"
+            )
+        if self.lld_alarm_action != "none" and not self.lld_probe:
+            raise ValueError(
+                "an acting LLD alarm needs lld_probe = true (the alarm reads its displacement signal)"
             )
         if self.clip_eps >= 1:
             raise ValueError("clip_eps must be < 1")

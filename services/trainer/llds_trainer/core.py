@@ -32,7 +32,7 @@ from llds_trainer.batch import MicroBatch, Sample, collate, response_slice, samp
 from llds_trainer.config import TrainerConfig
 from llds_trainer.dist import DistContext
 from llds_trainer.lineage import Lineage
-from llds_trainer.lld import LLDMonitor
+from llds_trainer.lld import AlarmAction, LLDMonitor
 from llds_trainer.loss import (
     LLDSDetails,
     aggregate,
@@ -108,9 +108,10 @@ class LLDSRegularizer:
         )
 
 
-def build_regularizer(cfg: TrainerConfig) -> Regularizer:
-    if cfg.regularizer == "llds":
-        return LLDSRegularizer(lam=cfg.llds_lambda, gate=cfg.llds_gate, normalize=cfg.llds_normalize)
+def build_regularizer(cfg: TrainerConfig, lam: float | None) -> Regularizer:
+    """LLDS with weight ``lam`` (the configured one, or what an acting alarm set), or none (``None``)."""
+    if lam is not None:
+        return LLDSRegularizer(lam=lam, gate=cfg.llds_gate, normalize=cfg.llds_normalize)
     return NoRegularizer()
 
 
@@ -227,7 +228,6 @@ class Trainer:
             eps=cfg.adam_eps,
             weight_decay=cfg.weight_decay,
         )
-        self.regularizer = build_regularizer(cfg)
         self.state = TrainState(window=cfg.consumed_window_steps)
         self.monitor = LLDMonitor(
             window=cfg.lld_window,
@@ -236,6 +236,15 @@ class Trainer:
             persist=cfg.lld_persist_steps,
             spike_factor=cfg.lld_spike_factor,
         )
+        self.alarm_action = AlarmAction(
+            action=cfg.lld_alarm_action,
+            trigger=cfg.lld_alarm_trigger,
+            on_lambda=cfg.llds_lambda,
+            factor=cfg.lld_alarm_lambda_factor,
+            lambda_max=cfg.lld_alarm_lambda_max,
+            lam=cfg.llds_lambda if cfg.regularizer == "llds" else None,
+        )
+        self.regularizer = build_regularizer(cfg, self.alarm_action.lam)
 
     # ------------------------------------------------------------------ forward passes
     def _logp(
@@ -315,7 +324,10 @@ class Trainer:
         old, ent, ref = self._score(samples, entropy=True, ref=cfg.kl_coef > 0)
         t_old = time.perf_counter()
         v_s = sum(s.num_valid_searches for s in samples) / len(samples)
-        ans_w = answer_weight(cfg.answer_weight_mode, cfg.llds_lambda, cfg.answer_weight, v_s)
+        lam = self.alarm_action.lam
+        ans_w = answer_weight(
+            cfg.answer_weight_mode, cfg.llds_lambda if lam is None else lam, cfg.answer_weight, v_s
+        )
 
         # Mismatch between the sampler's log-probs and the trainer's pi_old, KL(sampler || pi_old) (k3).
         mm_kl: list[float] = []
@@ -482,6 +494,7 @@ class Trainer:
         }
         rec.update(self._lld_signals(samples, old, ent, after))
         rec["lld/llds_term"] = rec["loss/llds"]
+        before = self.monitor.state
         rec.update(
             self.monitor.update(
                 rec["lld/correct_logp_token"],
@@ -490,6 +503,16 @@ class Trainer:
                 rec["actor/grad_norm"],
             )
         )
+        # The lambda this step trained with; an acting alarm changes the next step's (lld/action = 1).
+        rec["llds/lambda"] = 0.0 if lam is None else lam
+        acted = self.alarm_action.react(before, self.monitor.state, self.state.step)
+        rec["lld/action"] = float(acted)
+        if acted:
+            self.regularizer = build_regularizer(cfg, self.alarm_action.lam)
+            log.warning(
+                "LLD alarm %s at step %d: %s, LLDS lambda now %s (from the next step)",
+                self.monitor.state, self.state.step, cfg.lld_alarm_action, self.alarm_action.lam,
+            )  # fmt: skip
         rec["perf/step_s"] = time.perf_counter() - t0
         return rec
 
@@ -579,6 +602,7 @@ class Trainer:
         state = {
             **self.state.state_dict(),
             "monitor": self.monitor.state_dict(),
+            "alarm_action": self.alarm_action.state_dict(),
             "model_source": self.cfg.model,
         }
         return ckpt.commit(tmp, run_dir, self.state.step, state, self.cfg.keep_checkpoints)
@@ -605,6 +629,8 @@ class Trainer:
                 torch.cuda.set_rng_state(rng["cuda"])
         self.state = TrainState.from_state(st, self.cfg.consumed_window_steps)
         self.monitor.load_state_dict(st["monitor"])
+        self.alarm_action.load_state_dict(st.get("alarm_action"))
+        self.regularizer = build_regularizer(self.cfg, self.alarm_action.lam)
 
 
 def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:

@@ -115,3 +115,53 @@ class LLDMonitor:
         self.grad_norm = deque(d["grad_norm"][-w:])
         self.streak = int(d["streak"])
         self.state = d["state"]
+
+
+AlarmActionName = Literal["none", "enable_llds", "raise_lambda"]
+
+
+@dataclass
+class AlarmAction:
+    """What the trainer does when the alarm enters ``trigger`` (our extension; the paper only monitors).
+
+    ``enable_llds`` switches the LLDS regulariser on, with lambda ``on_lambda``, the first time the
+    state enters ``trigger`` (or worse) from a milder state; ``raise_lambda`` multiplies the lambda in
+    force by ``factor``, capped at ``lambda_max``, each time it does. The new regulariser applies from
+    the next step; the step whose monitor update fired carries the event (``lld/action`` = 1).
+    """
+
+    action: AlarmActionName = "none"
+    trigger: AlarmState = "warning"
+    on_lambda: float = 0.2
+    factor: float = 2.0
+    lambda_max: float = 1.0
+    lam: float | None = None
+    """The LLDS lambda in force; None while LLDS is off."""
+    fired_steps: list[int] = field(default_factory=list)
+    """Steps at which the action changed the regulariser."""
+
+    def react(self, before: AlarmState, after: AlarmState, step: int) -> bool:
+        """Act on one monitor update (state ``before`` -> ``after`` at ``step``); True if it acted."""
+        level = ALARM_LEVEL[self.trigger]
+        if self.action == "none" or not ALARM_LEVEL[after] >= level > ALARM_LEVEL[before]:
+            return False
+        if self.action == "enable_llds":
+            new = self.on_lambda if self.lam is None else self.lam
+        else:
+            if self.lam is None:
+                return False
+            new = min(self.lam * self.factor, self.lambda_max)
+        if new == self.lam:
+            return False
+        self.lam = new
+        self.fired_steps.append(step)
+        return True
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"lam": self.lam, "fired_steps": list(self.fired_steps)}
+
+    def load_state_dict(self, d: dict[str, Any] | None) -> None:
+        """Restore; ``None`` (a checkpoint from before acting alarms) keeps the configured start."""
+        if d is not None:
+            self.lam = None if d["lam"] is None else float(d["lam"])
+            self.fired_steps = [int(s) for s in d["fired_steps"]]

@@ -31,6 +31,8 @@ GAUGES: dict[str, tuple[str, str]] = {
     "lld/later_action_logp": ("llds_trainer_lld_later_action_logp_nats", "Per-token log-likelihood of later actions (correct)."),
     "lld/correct_incorrect_gap": ("llds_trainer_lld_correct_incorrect_gap_nats", "Per-token log-likelihood gap, correct minus incorrect."),
     "lld/alarm": ("llds_trainer_lld_alarm_state", "LLD alarm: 0 ok, 1 warning, 2 alarm."),
+    "lld/action": ("llds_trainer_lld_alarm_action", "1 if the acting alarm changed the regulariser at this step."),
+    "llds/lambda": ("llds_trainer_llds_lambda", "LLDS lambda the step trained with (0 = LLDS off)."),
 }  # fmt: skip
 
 
