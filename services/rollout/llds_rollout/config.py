@@ -119,9 +119,6 @@ class RolloutSettings(ServiceSettings):
     admission derives from the trainer's pace (0 = the derived bound only; never below one step)."""
     in_flight_ttl_s: float = Field(default=15.0, gt=0)
     """Another replica's published in-flight count older than this is ignored (a dead replica)."""
-    ack_window_s: float = Field(default=30.0, ge=0)
-    """How long entries the trainer acknowledged but has not reported in its info yet count as its
-    next version being out (it acknowledges right before it publishes); past that, they were drops."""
     catch_up_after_s: float = Field(default=5.0, ge=0)
     """Admission waiting this long with the engine more than K versions behind loads the trainer's
     newest published folder itself (a missed notice); the trainer's notice normally comes first."""

@@ -65,9 +65,6 @@ class AdmissionInputs:
     """Entries the trainer has not acknowledged: consumer-group lag + pending."""
     in_flight: int
     """Groups started and not yet in the stream, on every live replica (this one included)."""
-    acked_since_info: bool = False
-    """The trainer acknowledged entries since it wrote ``info``: it does so right before it
-    publishes, so its next version may be out in all but name."""
 
 
 @dataclass(frozen=True)
@@ -181,9 +178,10 @@ def decide(x: AdmissionInputs, *, max_staleness: int, max_queued_groups: int) ->
     """Admit a new group iff ``queued + in_flight + 1 <= info.capacity(lag)``.
 
     ``lag`` counts from the oldest group in flight, not only from the engine: a new group may finish
-    first and be queued ahead of it, so each group in flight must still fit its own budget; and from
-    one version past ``info.version`` while the trainer has acknowledged entries since writing it. K is
-    the smaller of the rollout's and the trainer's. ``max_queued_groups`` caps further, never below
+    first and be queued ahead of it, so each group in flight must still fit its own budget. K is the
+    smaller of the rollout's and the trainer's. The trainer acknowledges a step's entries and writes
+    the info naming its new version in one MULTI/EXEC, and :func:`read_view` reads both in one, so the
+    queue never looks shorter than the version says. ``max_queued_groups`` caps further, never below
     one trainer step (the trainer would wait forever for a step that admission holds back).
     """
     info = x.info
@@ -194,10 +192,7 @@ def decide(x: AdmissionInputs, *, max_staleness: int, max_queued_groups: int) ->
         )
     k = min(max_staleness, info.staleness_k)
     oldest = x.engine_version if x.oldest_in_flight is None else min(x.oldest_in_flight, x.engine_version)
-    # Between its XACK and its next info/version write the trainer's queue has shrunk but its version
-    # has not grown yet: read as is, that window would admit a step's worth of groups too many.
-    trainer_version = max(x.trainer_version, info.version + int(x.acked_since_info))
-    lag = trainer_version - oldest
+    lag = max(x.trainer_version, info.version) - oldest
     capacity = info.model_copy(update={"staleness_k": k}).capacity(lag)
     total = queued + x.in_flight + 1
     if x.trainer_version - x.engine_version > k:
@@ -236,7 +231,6 @@ class GroupProducer:
         in_flight_ttl_s: float = 15.0,
         catch_up: Callable[[int], Awaitable[None]] | None = None,
         catch_up_after_s: float = 5.0,
-        ack_window_s: float = 30.0,
     ) -> None:
         self.engine = engine
         self.searcher = searcher
@@ -255,7 +249,6 @@ class GroupProducer:
         self.catch_up = catch_up
         """Loads the trainer's newest published version (the service's verified swap path)."""
         self.catch_up_after_s = catch_up_after_s
-        self.ack_window_s = ack_window_s
         # Group ids must stay unique when a replica restarts and replays its epochs from the start:
         # the trainer treats a repeated id as a redelivery and drops it.
         self.producer_run = f"{self.producer}-{time.time_ns():x}"
@@ -273,10 +266,6 @@ class GroupProducer:
         self._held: list[int] = []
         self._reserved: int | None = None
         self._publish_lock = asyncio.Lock()
-        # The trainer's acknowledgement count when its current info was first seen.
-        self._info_seen: TrainerInfo | None = None
-        self._acked_at_info: int | None = None
-        self._acked_seen_at: float | None = None
         self.error: BaseException | None = None
         """An unexpected failure of a group task (a bug); it stops production and shows in /health."""
 
@@ -405,28 +394,15 @@ class GroupProducer:
 
     # ------------------------------------------------------------------ admission
 
-    async def _observe_trainer(self) -> tuple[RedisView, bool]:
-        """(the Redis view, acknowledged since its info was first seen).
-
-        Also run every poll, not only when a slot frees: the acknowledgement count that goes with an
-        info must be taken before the trainer's next XACK, i.e. within a step of the info's write.
-        """
+    async def _observe_trainer(self) -> RedisView:
+        """Read the view; the trainer's version moves on with what it shows."""
         view = await self._view()
         info = view.info
         newest = max(view.version_key or 0, info.version if info is not None else 0)
         if newest > self.trainer_version:
             self.trainer_version = newest
             self.metrics.trainer_version.set(self.trainer_version)
-        acked = view.acked
-        if info != self._info_seen or self._acked_at_info is None:
-            self._info_seen, self._acked_at_info, self._acked_seen_at = info, acked, None
-        acked_since_info = False
-        if acked is not None and self._acked_at_info is not None and acked > self._acked_at_info:
-            # Acknowledgements still unreported after the window were drops, not a step: a bump for
-            # ever could hold back the very groups the trainer waits for.
-            self._acked_seen_at = self._acked_seen_at or time.monotonic()
-            acked_since_info = time.monotonic() - self._acked_seen_at < self.ack_window_s
-        return view, acked_since_info
+        return view
 
     async def _try_admit(self) -> Admission:
         """Reserve a slot in the shared count first, then decide: two replicas deciding at once each
@@ -437,7 +413,7 @@ class GroupProducer:
         # read is under way then counts twice (in the stream and here) for one decision, instead of
         # nowhere (gone from here, not yet in the stream as read), which let a group in too many.
         local, held, engine_version = self._local_versions(), len(self._held), self.engine.version
-        view, acked_since_info = await self._observe_trainer()
+        view = await self._observe_trainer()
         others, deciding, others_oldest = self._others_in_flight(view)
         oldest = min([*local, *([others_oldest] if others_oldest is not None else [])], default=None)
         decision = decide(
@@ -448,7 +424,6 @@ class GroupProducer:
                 oldest_in_flight=oldest,
                 stream_unacked=view.unacked,
                 in_flight=others + deciding + held,
-                acked_since_info=acked_since_info,
             ),
             max_staleness=self.max_staleness,
             max_queued_groups=self.max_queued_groups,

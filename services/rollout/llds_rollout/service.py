@@ -168,7 +168,6 @@ class RolloutService:
             in_flight_ttl_s=s.in_flight_ttl_s,
             catch_up=self.catch_up,
             catch_up_after_s=s.catch_up_after_s,
-            ack_window_s=s.ack_window_s,
         )
         self._tasks.append(asyncio.create_task(self._produce()))
 

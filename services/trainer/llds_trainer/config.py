@@ -133,6 +133,9 @@ class TrainerConfig(ServiceSettings):
     older version than pi_old, or every token (also corrects engine/trainer numeric mismatch)."""
     is_cap: float = Field(default=2.0, ge=1.0)
     """Upper clamp of the truncated importance weights."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (arXiv 2503.14476): skip, acknowledge and count (``uniform``) groups whose
+    rewards are all equal (zero advantage, no learning signal) and read on until the step is full."""
     staleness_k: int = Field(default=1, ge=0)
     """Drop a group whose oldest token is more than K real updates (lineage distance) behind the trainer."""
 

@@ -64,6 +64,8 @@ class TrainerService:
         self.redis: Any = None
         self.tokenizer: Any = None
         self._unacked: list[str] = []
+        self._uniform_skipped = 0
+        """Groups skipped by dynamic sampling while the current step's batch was read."""
         """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
         self.completed_step = 0
         self.run_dir = Path(cfg.run_dir)
@@ -207,6 +209,10 @@ class TrainerService:
             step = st.step + 1
             failpoint("after_fetch", step)
             rec = self.trainer.train_step(groups)
+            if self.cfg.dynamic_sampling:
+                n, self._uniform_skipped = self._uniform_skipped, 0
+                rec["data/uniform_skipped"] = n
+                rec["data/uniform_skipped_frac"] = n / (n + len(groups))
             failpoint("after_train", step)
             st.add_consumed(step, [g.group_id for g in groups])
             publishing = step % self.cfg.publish_every == 0
@@ -316,6 +322,7 @@ class TrainerService:
                 reason = self._drop_reason(e, seen)
                 if reason is not None:
                     self.metrics.dropped.labels(reason=reason).inc()
+                    self._uniform_skipped += reason == "uniform"
                     log.warning(
                         "dropping entry %s (%s): %s",
                         e.entry_id,
@@ -348,6 +355,11 @@ class TrainerService:
             return "orphaned"
         if st.lineage.distance(g.min_version, st.version) > self.cfg.staleness_k:
             return "stale"
+        if (
+            self.cfg.dynamic_sampling
+            and max(t.reward for t in g.trajectories) - min(t.reward for t in g.trajectories) <= 1e-9
+        ):
+            return "uniform"
         return None
 
     # ------------------------------------------------------------------ publishing

@@ -84,22 +84,10 @@ def inputs(**kw: Any) -> AdmissionInputs:
         # the extra cap, and never below one trainer step
         ("max_queued", inputs(info=info(staleness_k=5), stream_unacked=2), 5, 2, False, "max_queued", 12, 2),
         ("max_queued below a step", inputs(stream_unacked=1), 1, 1, True, "ok", 4, 1),
-        # acknowledged since its info: the trainer is about to publish 6, count it as out: 2 * (0 + 1)
-        ("acked since info", inputs(stream_unacked=1, acked_since_info=True), 1, 0, True, "ok", 2, 1),
-        (
-            "acked since info full",
-            inputs(stream_unacked=2, acked_since_info=True),
-            1,
-            0,
-            False,
-            "capacity",
-            2,
-            2,
-        ),
-        # ... unless the version key has moved past the info already
+        # the version key ahead of the info (published, info not yet rewritten): lag from the key
         (
             "version key ahead of info",
-            inputs(trainer_version=6, engine_version=6, stream_unacked=2, acked_since_info=True),
+            inputs(trainer_version=6, engine_version=6, stream_unacked=2),
             1,
             0,
             True,
@@ -107,6 +95,9 @@ def inputs(**kw: Any) -> AdmissionInputs:
             4,
             2,
         ),
+        # the info ahead of the key (acknowledged with its info, not yet published): lag from the info
+        ("info ahead of key", inputs(info=info(version=6), stream_unacked=2), 1, 0, False, "capacity", 2, 2),
+        ("info ahead of key fits", inputs(info=info(version=6), stream_unacked=1), 1, 0, True, "ok", 2, 1),
         ("no trainer info", inputs(info=None, stream_unacked=0), 1, 0, False, "no_trainer_info", 0, 0),
     ],
 )

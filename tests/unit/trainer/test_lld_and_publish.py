@@ -147,3 +147,28 @@ def test_orphaned_and_lineage_stale_drops(tokenizer: Any) -> None:
     first = t.loss_mask.index(1)
     t.versions[first] = 5
     assert svc._drop_reason(Entry("2-9", mixed), set()) == "orphaned"
+
+
+def test_dynamic_sampling_skips_groups_whose_rewards_are_all_equal(tokenizer: Any) -> None:
+    from llds_trainer.queue import Entry
+    from llds_trainer.synthetic import synthetic_groups
+
+    g = synthetic_groups(tokenizer, 1, 3, version=3, think_words=2, doc_words=3, start_index=20)[0]
+    mixed = g.model_copy(
+        update={
+            "trajectories": [
+                t.model_copy(update={"reward": r}) for t, r in zip(g.trajectories, (0, 1, 1), strict=True)
+            ]
+        }
+    )
+    same = g.model_copy(
+        update={
+            "trajectories": [t.model_copy(update={"reward": 1.0}) for t in g.trajectories],
+            "group_id": "same",
+        }
+    )
+    on = _service(3, dynamic_sampling=True)
+    assert on._drop_reason(Entry("2-0", same), set()) == "uniform"
+    assert on._drop_reason(Entry("2-1", mixed), set()) is None
+    off = _service(3)
+    assert off._drop_reason(Entry("2-2", same), set()) is None
