@@ -1,44 +1,60 @@
-"""``llds experiment lld``: GRPO vs GRPO + LLDS vs GRPO + LLDS-MA on the default task.
+"""``llds experiment lld``: GRPO vs GRPO + LLDS vs GRPO + LLDS-MA vs GRPO with the acting alarm.
 
-Starting from the same warm-started policy, with the same seeds and step budget, each variant is a
-full ``llds up`` run (real retriever, rollout, trainer and Redis). Afterwards every final policy is
-evaluated greedily on the synthetic world's held-out split, and the LLD signals the trainer logged
-each step are plotted. Writes ``OUT/experiment.json``, ``OUT/*.png`` and a Markdown report
-(``OUT/EXPERIMENTS.md``; ``--write-repo-report`` also copies it to the repository's EXPERIMENTS.md).
+Every (arm, seed) is its own full ``llds up`` run (real retriever, rollout, trainer and Redis) from the
+same starting policy with the same step budget, in its own folder ``OUT/runs/<arm>-s<seed>/``. A run
+that finished (``result.json`` there) is skipped by ``--resume``; one that was interrupted is continued
+with ``llds up --resume``, so the study can be run in pieces. Afterwards each final policy is
+evaluated greedily on the synthetic world's held-out split. Each run's per-step log is kept compact in
+``OUT/logs/<arm>-s<seed>.jsonl`` (the signals plotted), next to ``OUT/results.json``; plots and the
+report (``OUT/EXPERIMENTS.md``) are rebuilt from those two alone with ``--report-only``, so committed
+logs regenerate every figure.
 
-    llds experiment lld --steps 8 --eval-limit 60              # CPU configuration (hours on 2 cores)
-    llds experiment lld --preset gpu --steps 300 --model DIR    # GPU configuration (see EXPERIMENTS.md)
+    llds experiment lld --steps 40 --seeds 0,1 --eval-limit 100          # CPU (hours on 2 cores)
+    llds experiment lld --steps 40 --seeds 0,1 --eval-limit 100 --resume # continue it
+    llds experiment lld --report-only --out runs/experiment-lld          # figures from the logs
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import statistics
 import sys
 import time
 import tomllib
 from pathlib import Path
+from typing import Any
 
 import tomli_w
 
 ROOT = Path(__file__).resolve().parents[2]
 
-VARIANTS: dict[str, dict[str, object]] = {
+ARMS: dict[str, dict[str, object]] = {
     "grpo": {"regularizer": "none"},
     "grpo_llds": {"regularizer": "llds", "llds_gate": "action", "answer_weight_mode": "off"},
     "grpo_llds_ma": {"regularizer": "llds", "llds_gate": "action", "answer_weight_mode": "adaptive_code"},
+    "grpo_alarm": {"regularizer": "none", "lld_alarm_action": "enable_llds", "answer_weight_mode": "off"},
 }
-"""Trainer-config overrides of each arm; everything else comes from the preset."""
+"""Trainer-config overrides of each arm; everything else comes from the preset (or --trainer-config)."""
+STUDY_KEYS = ("preset", "steps", "eval_limit", "seeds", "arms")
+"""What OUT/study.json records of the command, so --report-only can state it."""
 
 SIGNALS = [
-    ("reward/mean", "reward (mean)"),
+    ("reward/mean", "training reward (mean)"),
+    ("reward/exact_match", "training exact match"),
     ("lld/correct_logp_token", "log-likelihood of correct responses (per token)"),
     ("lld/fell_fraction_responses", "fraction of correct responses whose likelihood fell"),
-    ("lld/displacement_mean", "intra-step displacement of correct responses"),
-    ("loss/llds", "LLDS term"),
     ("actor/entropy", "token entropy"),
-    ("rollout/valid_searches_mean", "valid searches per trajectory"),
+    ("actor/grad_norm", "gradient norm (pre-clip)"),
+    ("loss/llds", "LLDS term"),
+    ("lld/alarm", "LLD alarm (0 ok, 1 warning, 2 alarm)"),
 ]
+"""Signals plotted, one figure each."""
+LOG_KEYS = ["step", *(k for k, _ in SIGNALS), "lld/action", "llds/lambda", "rollout/valid_searches_mean",
+            "perf/step_s", "time/unix"]  # fmt: skip
+"""Keys kept in a run's compact log (OUT/logs/*.jsonl)."""
+
+COLLAPSE_WINDOW = 10
 
 
 def _read_log(run_dir: Path) -> list[dict[str, object]]:
@@ -48,8 +64,8 @@ def _read_log(run_dir: Path) -> list[dict[str, object]]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def _series(log: list[dict[str, object]], key: str) -> list[float | None]:
-    return [float(r[key]) if isinstance(r.get(key), int | float) else None for r in log]  # type: ignore[arg-type]
+def _series(log: list[dict[str, Any]], key: str) -> list[float | None]:
+    return [float(r[key]) if isinstance(r.get(key), int | float) else None for r in log]
 
 
 def _slope(values: list[float | None]) -> float | None:
@@ -62,82 +78,188 @@ def _slope(values: list[float | None]) -> float | None:
     return sum((i - mx) * (v - my) for i, v in pts) / den if den else None
 
 
-def _last_weights(run_dir: Path) -> Path | None:
-    done = sorted(p.parent for p in (run_dir / "weights").glob("v*/COMPLETE"))
-    return done[-1] if done else None
+def moving_average(values: list[float | None], window: int) -> list[float | None]:
+    """Trailing mean over the last ``window`` present values (None until there is one)."""
+    out: list[float | None] = []
+    for i in range(len(values)):
+        pts = [v for v in values[max(0, i - window + 1) : i + 1] if v is not None]
+        out.append(sum(pts) / len(pts) if pts else None)
+    return out
 
 
-def run_arm(name: str, args: argparse.Namespace, out: Path) -> dict[str, object]:
-    """One ``llds up`` run with the arm's trainer overrides, then its evaluation."""
+def collapse_step(rewards: list[float | None], window: int = COLLAPSE_WINDOW) -> int | None:
+    """First step (1-based) from which the ``window``-step moving average of the reward stays below
+    half of its running peak to the end of the run; None if it never does (issue 14's definition)."""
+    ma = moving_average(rewards, window)
+    peak = 0.0
+    below: list[bool] = []
+    for v in ma:
+        if v is not None:
+            peak = max(peak, v)
+        below.append(v is not None and peak > 0 and v < peak / 2)
+    first = None
+    for i in range(len(below) - 1, -1, -1):
+        if not below[i]:
+            break
+        first = i + 1
+    return first
+
+
+def logp_turn_step(logps: list[float | None], window: int = COLLAPSE_WINDOW) -> int | None:
+    """First step (1-based) at which the slope of the correct responses' log-likelihood over the last
+    ``window`` steps is negative; None if it never is."""
+    for i in range(len(logps)):
+        s = _slope(logps[max(0, i - window + 1) : i + 1])
+        if s is not None and s < 0:
+            return i + 1
+    return None
+
+
+def _first(log: list[dict[str, Any]], key: str, at_least: float) -> int | None:
+    return next(
+        (int(r["step"]) for r in log if isinstance(r.get(key), int | float) and r[key] >= at_least), None
+    )
+
+
+def summarize(arm: str, seed: int, log: list[dict[str, Any]]) -> dict[str, Any]:
+    """The per-run figures of the report, from its step log alone."""
+    rewards = _series(log, "reward/mean")
+    vals = [v for v in rewards if v is not None]
+    tenth = max(1, len(vals) // 10)
+    return {
+        "arm": arm,
+        "seed": seed,
+        "steps": len(log),
+        "reward_first": statistics.fmean(vals[:tenth]) if vals else None,
+        "reward_last": statistics.fmean(vals[-tenth:]) if vals else None,
+        "reward_peak_ma": max(
+            (v for v in moving_average(rewards, COLLAPSE_WINDOW) if v is not None), default=None
+        ),
+        "collapse_step": collapse_step(rewards),
+        "logp_turn_step": logp_turn_step(_series(log, "lld/correct_logp_token")),
+        "logp_slope": _slope(_series(log, "lld/correct_logp_token")),
+        "first_warning_step": _first(log, "lld/alarm", 1),
+        "first_action_step": _first(log, "lld/action", 1),
+    }
+
+
+def compact(log: list[dict[str, Any]]) -> str:
+    return "".join(json.dumps({k: r[k] for k in LOG_KEYS if k in r}) + "\n" for r in log)
+
+
+def run_name(arm: str, seed: int) -> str:
+    return f"{arm}-s{seed}"
+
+
+def _up_command(args: argparse.Namespace, run: Path, cfg_path: Path, resume: bool) -> list[str]:
+    base = [sys.executable, "-m", "llds.cli", "up", "--steps", str(args.steps), "--exit-when-done",
+            "--retriever-port", "0", "--rollout-port", "0", "--trainer-port", "0", "--redis-port", "0"]  # fmt: skip
+    if resume:
+        return [*base, "--resume", str(run)]
+    cmd = [
+        *base,
+        "--preset",
+        args.preset,
+        "--run-dir",
+        str(run),
+        "--trainer-config",
+        str(cfg_path),
+        "--no-dashboard",
+    ]
+    return cmd + (["--model", args.model] if args.model else [])
+
+
+def run_one(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+    """Train (or continue) one (arm, seed) run, evaluate it, write its result and compact log."""
     import subprocess
 
-    base_cfg = Path(args.trainer_config or ROOT / "configs" / f"trainer_{args.preset}.toml")
-    cfg = tomllib.loads(base_cfg.read_text())
-    cfg.update(VARIANTS[name])
-    cfg["seed"] = args.seed
-    arm_dir = out / name
-    arm_dir.mkdir(parents=True, exist_ok=True)
-    cfg_path = arm_dir / "trainer_variant.toml"
-    cfg_path.write_text(tomli_w.dumps(cfg))
-    up = [sys.executable, "-m", "llds.cli", "up", "--preset", args.preset, "--steps", str(args.steps),
-          "--run-dir", str(arm_dir / "run"), "--trainer-config", str(cfg_path), "--exit-when-done",
-          "--no-dashboard", "--retriever-port", "0", "--rollout-port", "0", "--trainer-port", "0",
-          "--redis-port", "0"]  # fmt: skip
-    if args.model:
-        up += ["--model", args.model]
+    folder = args.out / "runs" / run_name(arm, seed)
+    if (folder / "result.json").is_file():
+        print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
+        return dict(json.loads((folder / "result.json").read_text()))
+    run = folder / "run"
+    resume = (run / "up_config.toml").is_file()
+    if resume and not args.resume:
+        raise SystemExit(
+            f"llds experiment lld: {folder} holds an unfinished run; pass --resume or another --out"
+        )
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg_path = folder / "trainer_variant.toml"
+    if not resume:
+        base_cfg = Path(args.trainer_config or ROOT / "configs" / f"trainer_{args.preset}.toml")
+        cfg = tomllib.loads(base_cfg.read_text())
+        cfg.update(ARMS[arm])
+        cfg["seed"] = seed
+        cfg_path.write_text(tomli_w.dumps(cfg))
+    cmd = _up_command(args, run, cfg_path, resume)
     t0 = time.monotonic()
-    print(f"== {name}: {' '.join(up[3:])}", flush=True)
-    if subprocess.run(up).returncode != 0:
-        raise RuntimeError(f"arm {name}: llds up failed (logs in {arm_dir / 'run' / 'logs'})")
-    train_s = time.monotonic() - t0
-    log = _read_log(arm_dir / "run")
-    weights = _last_weights(arm_dir / "run")
-    result: dict[str, object] = {
-        "arm": name,
-        "overrides": VARIANTS[name],
-        "train_s": train_s,
-        "steps": len(log),
-    }
-    if weights is not None and args.eval_limit:
-        ev = [sys.executable, "-m", "llds.cli", "eval", "--model", str(weights), "--data", "synthworld-eval",
-              "--limit", str(args.eval_limit), "--out", str(arm_dir / "eval")]  # fmt: skip
+    print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
+    if subprocess.run(cmd).returncode != 0:
+        raise RuntimeError(f"{run_name(arm, seed)}: llds up failed (logs in {run / 'logs'})")
+    log = _read_log(run)
+    result = summarize(arm, seed, log) | {"overrides": ARMS[arm], "train_s": time.monotonic() - t0}
+    done = sorted(p.parent for p in (run / "weights").glob("v*/COMPLETE"))
+    if done and args.eval_limit:
+        ev = [sys.executable, "-m", "llds.cli", "eval", "--model", str(done[-1]), "--data", "synthworld-eval",
+              "--limit", str(args.eval_limit), "--out", str(folder / "eval")]  # fmt: skip
         if subprocess.run(ev).returncode != 0:
-            raise RuntimeError(f"arm {name}: evaluation failed")
-        summary = json.loads((arm_dir / "eval" / "eval.json").read_text())["summary"][0]
-        result.update({"eval_em": summary["em"], "eval_f1": summary["f1"], "eval_searches": summary["searches"],
-                       "eval_turns": summary["turns"]})  # fmt: skip
-    for key, _ in SIGNALS:
-        s = _series(log, key)
-        vals = [v for v in s if v is not None]
-        result[f"{key}:first"] = vals[0] if vals else None
-        result[f"{key}:last"] = vals[-1] if vals else None
-        result[f"{key}:slope"] = _slope(s)
-    result["series"] = {key: _series(log, key) for key, _ in SIGNALS}
+            raise RuntimeError(f"{run_name(arm, seed)}: evaluation failed")
+        summary = json.loads((folder / "eval" / "eval.json").read_text())["summary"][0]
+        result |= {"eval_em": summary["em"], "eval_f1": summary["f1"], "eval_searches": summary["searches"],
+                   "eval_n": args.eval_limit}  # fmt: skip
+    (args.out / "logs").mkdir(parents=True, exist_ok=True)
+    (args.out / "logs" / f"{run_name(arm, seed)}.jsonl").write_text(compact(log))
+    (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
-def plot(results: list[dict[str, object]], out: Path) -> list[Path]:
+def load_logs(out: Path, results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    logs = {}
+    for r in results:
+        name = run_name(r["arm"], r["seed"])
+        path = out / "logs" / f"{name}.jsonl"
+        logs[name] = (
+            [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+        )
+    return logs
+
+
+def plot(results: list[dict[str, Any]], logs: dict[str, list[dict[str, Any]]], out: Path) -> list[Path]:
+    """One figure per signal: every run thin, each arm's mean over its seeds bold."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
+    arms = list(dict.fromkeys(r["arm"] for r in results))
+    colors = {a: f"C{i}" for i, a in enumerate(arms)}
     paths = []
     for key, title in SIGNALS:
-        fig, ax = plt.subplots(figsize=(6, 3.2))
+        fig, ax = plt.subplots(figsize=(7, 3.4))
         drawn = False
-        for r in results:
-            ys = r["series"][key]  # type: ignore[index]
-            pts = [(i + 1, v) for i, v in enumerate(ys) if v is not None]
+        for arm in arms:
+            runs = [_series(logs[run_name(arm, r["seed"])], key) for r in results if r["arm"] == arm]
+            for ys in runs:
+                pts = [(i + 1, v) for i, v in enumerate(ys) if v is not None]
+                if pts:
+                    ax.plot(*zip(*pts, strict=True), color=colors[arm], lw=0.8, alpha=0.45)
+                    drawn = True
+            n = max((len(ys) for ys in runs), default=0)
+            mean = []
+            for i in range(n):
+                vals = [ys[i] for ys in runs if i < len(ys) and ys[i] is not None]
+                mean.append((i + 1, sum(vals) / len(vals)) if vals else None)  # type: ignore[arg-type]
+            pts = [p for p in mean if p is not None]
             if pts:
-                ax.plot(*zip(*pts, strict=True), marker="o", label=str(r["arm"]))
-                drawn = True
+                ax.plot(
+                    *zip(*pts, strict=True), color=colors[arm], lw=2.4, label=f"{arm} (mean of {len(runs)})"
+                )
         if not drawn:
             plt.close(fig)
             continue
         ax.set_title(title)
         ax.set_xlabel("RL step")
-        ax.legend()
+        ax.legend(fontsize=7)
         fig.tight_layout()
         p = out / (key.replace("/", "_") + ".png")
         fig.savefig(p, dpi=110)
@@ -146,31 +268,53 @@ def plot(results: list[dict[str, object]], out: Path) -> list[Path]:
     return paths
 
 
-def report(
-    results: list[dict[str, object]], args: argparse.Namespace, plots: list[Path], plot_prefix: str = ""
-) -> str:
-    def f(x: object) -> str:
-        return f"{x:.4f}" if isinstance(x, float) else ("-" if x is None else str(x))
+def _f(x: object) -> str:
+    if isinstance(x, float):
+        return f"{x:.3f}"
+    return "-" if x is None else str(x)
 
+
+def paired(results: list[dict[str, Any]], key: str, baseline: str = "grpo") -> list[str]:
+    """Per-seed differences of ``key`` from the baseline arm, with their mean and spread per arm."""
+    base = {r["seed"]: r.get(key) for r in results if r["arm"] == baseline}
+    rows = []
+    for arm in dict.fromkeys(r["arm"] for r in results if r["arm"] != baseline):
+        diffs = [(r["seed"], r[key] - base[r["seed"]]) for r in results
+                 if r["arm"] == arm and r.get(key) is not None and base.get(r["seed"]) is not None]  # fmt: skip
+        if not diffs:
+            continue
+        d = [x for _, x in diffs]
+        spread = statistics.stdev(d) if len(d) > 1 else None
+        rows.append(f"| {arm} - {baseline} | {key} | " + ", ".join(f"s{s}: {x:+.3f}" for s, x in diffs)
+                    + f" | {statistics.fmean(d):+.3f} | {_f(spread)} |")  # fmt: skip
+    return rows
+
+
+def report(
+    results: list[dict[str, Any]], args: argparse.Namespace, plots: list[Path], plot_prefix: str = ""
+) -> str:
     lines = [
         "# The LLD experiment",
         "",
         f"Command: `llds experiment lld --preset {args.preset} --steps {args.steps} --eval-limit {args.eval_limit}"
-        f" --seed {args.seed}`. Each arm is a full `llds up` run from the same warm-started policy, same seeds and"
-        " step budget; reward is exact match. Evaluation: greedy, max 4 turns, top-3 BM25, first"
-        f" {args.eval_limit} questions of the synthetic world's held-out split.",
+        f" --seeds {args.seeds} --arms {args.arms}`. Every (arm, seed) is a full `llds up` run from the same starting"
+        " policy; reward is exact match. Collapse: the 10-step moving average of the training reward falls below"
+        " half its peak and stays there (step given). Evaluation: greedy on the synthetic world's held-out split.",
         "",
-        "| arm | steps | reward first -> last | correct logp/token first -> last (slope/step) | displaced frac (last) "
-        "| LLDS term (last) | eval EM | eval searches/q | train s |",
-        "|---|---|---|---|---|---|---|---|---|",
+        "| arm | seed | steps | reward first -> last tenth | peak MA | collapse step | logp slope turns < 0 "
+        "| first warning | alarm acted | eval EM |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
         lines.append(
-            f"| {r['arm']} | {r['steps']} | {f(r['reward/mean:first'])} -> {f(r['reward/mean:last'])} "
-            f"| {f(r['lld/correct_logp_token:first'])} -> {f(r['lld/correct_logp_token:last'])} "
-            f"({f(r['lld/correct_logp_token:slope'])}) | {f(r['lld/fell_fraction_responses:last'])} "
-            f"| {f(r['loss/llds:last'])} | {f(r.get('eval_em'))} | {f(r.get('eval_searches'))} | {f(r['train_s'])} |"
+            f"| {r['arm']} | {r['seed']} | {r['steps']} | {_f(r['reward_first'])} -> {_f(r['reward_last'])} "
+            f"| {_f(r['reward_peak_ma'])} | {_f(r['collapse_step'])} | {_f(r['logp_turn_step'])} "
+            f"| {_f(r['first_warning_step'])} | {_f(r['first_action_step'])} | {_f(r.get('eval_em'))} |"
         )
+    diffs = paired(results, "eval_em") + paired(results, "reward_last")
+    if diffs:
+        lines += ["", "Paired by seed, against GRPO:", "", "| arms | figure | per seed | mean | std |",
+                  "|---|---|---|---|---|", *diffs]  # fmt: skip
     lines += ["", *[f"![{p.stem}]({plot_prefix}{p.name})" for p in plots], ""]
     return "\n".join(lines)
 
@@ -178,48 +322,65 @@ def report(
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llds experiment lld", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--preset", default="cpu", choices=["cpu", "tiny", "gpu"], help="llds up preset of every arm"
+        "--preset", default="cpu", choices=["cpu", "tiny", "gpu"], help="llds up preset of every run"
     )
     p.add_argument("--model", help="starting policy (default: the preset's warm-started policy)")
     p.add_argument("--trainer-config", help="base trainer TOML (default configs/trainer_<preset>.toml)")
-    p.add_argument("--steps", type=int, default=8, help="RL steps per arm")
+    p.add_argument("--steps", type=int, default=8, help="RL steps per run")
     p.add_argument(
-        "--eval-limit", type=int, default=60, help="held-out questions per arm (0 = skip evaluation)"
+        "--eval-limit", type=int, default=100, help="held-out questions per run (0 = skip evaluation)"
     )
-    p.add_argument("--seed", type=int, default=0, help="trainer seed of every arm")
-    p.add_argument(
-        "--arms", default=",".join(VARIANTS), help="comma-separated subset of " + ",".join(VARIANTS)
-    )
+    p.add_argument("--seeds", default="0,1", help="comma-separated trainer seeds; every arm runs each")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     p.add_argument("--out", type=Path, default=Path("runs/experiment-lld"), help="output folder")
+    p.add_argument("--resume", action="store_true", help="skip finished runs, continue interrupted ones")
+    p.add_argument("--write-repo-report", action="store_true",
+                   help="also write the repository's EXPERIMENTS.md (plots and logs into docs/experiment-lld/)")  # fmt: skip
     p.add_argument(
-        "--write-repo-report",
+        "--report-only",
         action="store_true",
-        help="also write the repository's EXPERIMENTS.md (plots copied to docs/experiment-lld/)",
-    )
-    p.add_argument(
-        "--report-only", action="store_true", help="rebuild plots and report from OUT/experiment.json"
+        help="rebuild plots and report from OUT/results.json and OUT/logs",
     )
     args = p.parse_args(argv)
     arms = [a.strip() for a in args.arms.split(",") if a.strip()]
-    bad = [a for a in arms if a not in VARIANTS]
-    if bad or args.steps < 1 or args.eval_limit < 0:
-        p.error(f"arms must be among {list(VARIANTS)} (got {bad}), --steps >= 1, --eval-limit >= 0")
+    bad = [a for a in arms if a not in ARMS]
+    try:
+        seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
+    except ValueError:
+        p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    if bad or not seeds or args.steps < 1 or args.eval_limit < 0:
+        p.error(
+            f"arms must be among {list(ARMS)} (got {bad}), --seeds non-empty, --steps >= 1, --eval-limit >= 0"
+        )
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
-        results = json.loads((args.out / "experiment.json").read_text())
+        path = args.out / "results.json"
+        if not path.is_file():
+            p.error(f"--report-only needs {path} (written by a run of the experiment)")
+        results = json.loads(path.read_text())
+        study = args.out / "study.json"
+        if study.is_file():
+            for k, v in json.loads(study.read_text()).items():
+                setattr(args, k, v)
     else:
-        results = [run_arm(a, args, args.out) for a in arms]
-        (args.out / "experiment.json").write_text(json.dumps(results, indent=2) + "\n")
-    plots = plot(results, args.out)
+        (args.out / "study.json").write_text(json.dumps({k: getattr(args, k) for k in STUDY_KEYS}) + "\n")
+        results = [run_one(a, s, args) for s in seeds for a in arms]
+        (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+    logs = load_logs(args.out, results)
+    plots = plot(results, logs, args.out)
     md = report(results, args, plots)
     (args.out / "EXPERIMENTS.md").write_text(md)
     if args.write_repo_report:
         import shutil
 
         dest = ROOT / "docs" / "experiment-lld"
-        dest.mkdir(parents=True, exist_ok=True)
+        (dest / "logs").mkdir(parents=True, exist_ok=True)
         for p_ in plots:
             shutil.copy(p_, dest / p_.name)
+        for name in logs:
+            shutil.copy(args.out / "logs" / f"{name}.jsonl", dest / "logs" / f"{name}.jsonl")
+        for f in ("results.json", "study.json"):
+            shutil.copy(args.out / f, dest / f)
         (ROOT / "EXPERIMENTS.md").write_text(report(results, args, plots, plot_prefix="docs/experiment-lld/"))
     print(md)
     return 0
