@@ -274,3 +274,31 @@ def test_invalid_and_duplicate_groups_are_dropped_and_acked(
     assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
     assert state["consumed"] == [g.group_id for g in fresh]
+
+
+def test_dynamic_sampling_skips_uniform_groups_and_fills_the_step(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    r = redis.Redis.from_url(redis_url)
+    r.set(streams.DEFAULT_KEYS.trainer_version, "0")
+    gs = synthetic_groups(tokenizer, 5, 3, seed=4, think_words=2, doc_words=4)
+
+    def rewards(g: Any, values: tuple[float, ...]) -> Any:
+        ts = [t.model_copy(update={"reward": v}) for t, v in zip(g.trajectories, values, strict=True)]
+        return g.model_copy(update={"trajectories": ts})
+
+    ordered = [rewards(gs[0], (1, 1, 1)), rewards(gs[1], (0, 1, 0)), rewards(gs[2], (0, 0, 0)),
+               rewards(gs[3], (1, 1, 1)), rewards(gs[4], (1, 0, 0))]  # fmt: skip
+    ids = push(r, ordered)
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=1, port=free_port(),
+                         extra=["--set", "dynamic_sampling=true"])  # fmt: skip
+    assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    (rec,) = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert (rec["data/groups"], rec["data/uniform_skipped"]) == (2, 3)
+    assert rec["data/uniform_skipped_frac"] == 0.6
+    # the bytes on disk: the checkpoint trained exactly the two groups with a learning signal
+    state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
+    assert state["consumed"] == [ordered[1].group_id, ordered[4].group_id]
+    # every entry acknowledged (the skipped ones at once), none left pending
+    assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
+    assert (tmp_path / "trainer.log").read_text().count("): uniform") == 3 and len(ids) == 5
