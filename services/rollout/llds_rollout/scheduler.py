@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import random
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -475,7 +476,9 @@ class GroupProducer:
                         continue
                 else:
                     behind_since = None
-                await asyncio.sleep(min(self.version_poll_s, 0.25))
+                # Jittered: two replicas retrying in step would each keep seeing the other's pending
+                # decision and refuse for ever (a livelock, seen with equal poll intervals).
+                await asyncio.sleep(min(self.version_poll_s, 0.25) * random.uniform(0.5, 1.5))
             return None
         finally:
             self._reserved = None
