@@ -549,6 +549,9 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llds bench soak: {e}", file=sys.stderr)
         return 2
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Started from a script's background job, a process inherits SIGINT ignored; Ctrl-C (SIGINT)
+    # must still stop the run cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     sampler = Sampler(up, args.sample_every)
     command = "llds bench soak " + " ".join(sys.argv[1:] if argv is None else argv)
     code = 0

@@ -631,6 +631,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     # SIGTERM (e.g. from a test or a container runtime) takes the same path as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
+    # Started from a script's background job, a process inherits SIGINT ignored; Ctrl-C (SIGINT)
+    # must still stop the run cleanly.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     code = 0
     try:
         paths = up.prepare()
