@@ -329,10 +329,7 @@ class GroupProducer:
 
         Raises :class:`RedisError` when Redis cannot say; no stream yet is 0.
         """
-        return (await self._view()).unacked
-
-    async def _view(self) -> RedisView:
-        return await read_view(self.redis, self.keys)
+        return (await read_view(self.redis, self.keys)).unacked
 
     # ------------------------------------------------------------------ in-flight counts
 
@@ -397,7 +394,7 @@ class GroupProducer:
 
     async def _observe_trainer(self) -> RedisView:
         """Read the view; the trainer's version moves on with what it shows."""
-        view = await self._view()
+        view = await read_view(self.redis, self.keys)
         info = view.info
         newest = max(view.version_key or 0, info.version if info is not None else 0)
         if newest > self.trainer_version:
