@@ -36,7 +36,7 @@ ARMS: dict[str, dict[str, object]] = {
     "grpo_alarm": {"regularizer": "none", "lld_alarm_action": "enable_llds", "answer_weight_mode": "off"},
 }
 """Trainer-config overrides of each arm; everything else comes from the preset (or --trainer-config)."""
-STUDY_KEYS = ("preset", "steps", "eval_limit", "seeds", "arms")
+STUDY_KEYS = ("preset", "steps", "eval_limit", "seeds", "arms", "stop_dead")
 """What OUT/study.json records of the command, so --report-only can state it."""
 
 SIGNALS = [
@@ -55,6 +55,15 @@ LOG_KEYS = ["step", *(k for k, _ in SIGNALS), "lld/action", "llds/lambda", "roll
 """Keys kept in a run's compact log (OUT/logs/*.jsonl)."""
 
 COLLAPSE_WINDOW = 10
+
+PRESETS: dict[str, tuple[str, str]] = {
+    "cpu": ("cpu", "cpu"),
+    "cpu-collapse": ("cpu", "cpu_collapse"),
+    "tiny": ("tiny", "tiny"),
+    "gpu": ("gpu", "gpu"),
+}
+"""Experiment preset -> (``llds up`` preset, configs/{trainer,rollout}_<name>.toml). ``cpu-collapse`` is
+the CPU preset's model and world with the GRPO setting the collapse search found (EXPERIMENTS.md)."""
 
 
 def _read_log(run_dir: Path) -> list[dict[str, object]]:
@@ -140,6 +149,9 @@ def summarize(arm: str, seed: int, log: list[dict[str, Any]]) -> dict[str, Any]:
         "logp_slope": _slope(_series(log, "lld/correct_logp_token")),
         "first_warning_step": _first(log, "lld/alarm", 1),
         "first_action_step": _first(log, "lld/action", 1),
+        "step_s_median": statistics.median(t)
+        if (t := [v for v in _series(log, "perf/step_s") if v])
+        else None,
     }
 
 
@@ -151,28 +163,74 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
-def _up_command(args: argparse.Namespace, run: Path, cfg_path: Path, resume: bool) -> list[str]:
+def preset_config(preset: str, kind: str) -> Path:
+    """The preset's ``kind`` (trainer / rollout) TOML."""
+    return ROOT / "configs" / f"{kind}_{PRESETS[preset][1]}.toml"
+
+
+def dead(log: list[dict[str, Any]], n: int) -> bool:
+    """The last ``n`` steps all had zero reward: zero advantage everywhere, so no gradient can revive
+    the policy (what ``--stop-dead`` stops a run on)."""
+    tail = _series(log[-n:], "reward/mean") if n > 0 else []
+    return len(tail) == n > 0 and all(v == 0 for v in tail)
+
+
+def _up_command(args: argparse.Namespace, run: Path, cfgs: dict[str, Path], resume: bool) -> list[str]:
     base = [sys.executable, "-m", "llds.cli", "up", "--steps", str(args.steps), "--exit-when-done",
             "--retriever-port", "0", "--rollout-port", "0", "--trainer-port", "0", "--redis-port", "0"]  # fmt: skip
     if resume:
         return [*base, "--resume", str(run)]
-    cmd = [
-        *base,
-        "--preset",
-        args.preset,
-        "--run-dir",
-        str(run),
-        "--trainer-config",
-        str(cfg_path),
-        "--no-dashboard",
-    ]
+    cmd = [*base, "--preset", PRESETS[args.preset][0], "--run-dir", str(run), "--no-dashboard"]
+    for kind, path in cfgs.items():
+        cmd += [f"--{kind}-config", str(path)]
     return cmd + (["--model", args.model] if args.model else [])
 
 
-def run_one(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
-    """Train (or continue) one (arm, seed) run, evaluate it, write its result and compact log."""
+def _write_variant(path: Path, base: Path, overrides: dict[str, Any]) -> None:
+    cfg = tomllib.loads(base.read_text())
+    for k, v in overrides.items():
+        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
+            cfg[k] = cfg[k] | v
+        else:
+            cfg[k] = v
+    path.write_text(tomli_w.dumps(cfg))
+
+
+def _train(cmd: list[str], run: Path, stop_dead: int, poll_s: float = 5.0) -> int | None:
+    """Run ``llds up``; with ``stop_dead`` > 0, stop it (Ctrl-C: a clean stop) once the last
+    ``stop_dead`` steps had zero reward. Returns the step it was stopped at, None if it ran out."""
+    import signal
     import subprocess
 
+    proc = subprocess.Popen(cmd)
+    stopped = None
+    while True:
+        try:
+            code = proc.wait(timeout=poll_s)
+            break
+        except subprocess.TimeoutExpired:
+            log = _read_log(run)
+            if stop_dead and stopped is None and dead(log, stop_dead):
+                stopped = int(log[-1]["step"])
+                print(f"== dead for {stop_dead} steps at step {stopped}: stopping the run", flush=True)
+                proc.send_signal(signal.SIGINT)
+    if code != 0:
+        raise RuntimeError(f"llds up failed with exit code {code} (logs in {run / 'logs'})")
+    return stopped
+
+
+def run_one(
+    arm: str,
+    seed: int,
+    args: argparse.Namespace,
+    trainer: dict[str, Any] | None = None,
+    rollout: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Train (or continue) one (arm, seed) run, evaluate it, write its result and compact log. The
+    arm's trainer overrides default to ``ARMS[arm]``; ``rollout`` overrides the rollout preset."""
+    import subprocess
+
+    trainer = ARMS[arm] if trainer is None else trainer
     folder = args.out / "runs" / run_name(arm, seed)
     if (folder / "result.json").is_file():
         print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
@@ -180,24 +238,28 @@ def run_one(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
     run = folder / "run"
     resume = (run / "up_config.toml").is_file()
     if resume and not args.resume:
-        raise SystemExit(
-            f"llds experiment lld: {folder} holds an unfinished run; pass --resume or another --out"
-        )
+        raise SystemExit(f"llds experiment: {folder} holds an unfinished run; pass --resume or another --out")
     folder.mkdir(parents=True, exist_ok=True)
-    cfg_path = folder / "trainer_variant.toml"
+    cfgs = {"trainer": folder / "trainer_variant.toml"}
+    if rollout:
+        cfgs["rollout"] = folder / "rollout_variant.toml"
     if not resume:
-        base_cfg = Path(args.trainer_config or ROOT / "configs" / f"trainer_{args.preset}.toml")
-        cfg = tomllib.loads(base_cfg.read_text())
-        cfg.update(ARMS[arm])
-        cfg["seed"] = seed
-        cfg_path.write_text(tomli_w.dumps(cfg))
-    cmd = _up_command(args, run, cfg_path, resume)
+        _write_variant(cfgs["trainer"], Path(args.trainer_config or preset_config(args.preset, "trainer")),
+                       trainer | {"seed": seed})  # fmt: skip
+        if rollout:
+            _write_variant(cfgs["rollout"], preset_config(args.preset, "rollout"), rollout)
+        elif PRESETS[args.preset][1] != PRESETS[args.preset][0]:
+            cfgs["rollout"] = preset_config(args.preset, "rollout")
+    cmd = _up_command(args, run, cfgs, resume)
     t0 = time.monotonic()
     print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
-    if subprocess.run(cmd).returncode != 0:
-        raise RuntimeError(f"{run_name(arm, seed)}: llds up failed (logs in {run / 'logs'})")
+    stopped = _train(cmd, run, getattr(args, "stop_dead", 0))
     log = _read_log(run)
-    result = summarize(arm, seed, log) | {"overrides": ARMS[arm], "train_s": time.monotonic() - t0}
+    result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0}
+    if rollout:
+        result["rollout_overrides"] = rollout
+    if stopped is not None:
+        result |= {"stopped_dead_at": stopped, "stop_dead": args.stop_dead}
     done = sorted(p.parent for p in (run / "weights").glob("v*/COMPLETE"))
     if done and args.eval_limit:
         ev = [sys.executable, "-m", "llds.cli", "eval", "--model", str(done[-1]), "--data", "synthworld-eval",
@@ -319,10 +381,108 @@ def report(
     return "\n".join(lines)
 
 
+SEARCH_DIR = ROOT / "docs" / "collapse-search"
+"""Where ``llds experiment search --write-repo-report`` puts the search's logs, results and plots."""
+
+
+def search_table(results: list[dict[str, Any]], plot_prefix: str = "") -> list[str]:
+    """The collapse search's table: one row per setting tried, collapsed or not."""
+    lines = [
+        "| setting | overrides (trainer; rollout) | steps | s/step | reward first -> last tenth | peak MA "
+        "| collapse step | logp slope < 0 from | LLD before collapse | stopped dead at |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in results:
+        over = ", ".join(f"{k}={v}" for k, v in r["overrides"].items() if k != "regularizer")
+        if r.get("rollout_overrides"):
+            over += "; " + ", ".join(f"{k}={v}" for k, v in r["rollout_overrides"].items())
+        c, t = r["collapse_step"], r["logp_turn_step"]
+        first = "-" if c is None else ("yes" if t is not None and t < c else "no")
+        lines.append(
+            f"| {r['arm']} | {over} | {r['steps']} | {_f(r.get('step_s_median'))} "
+            f"| {_f(r['reward_first'])} -> {_f(r['reward_last'])} | {_f(r['reward_peak_ma'])} | {_f(c)} "
+            f"| {_f(t)} | {first} | {_f(r.get('stopped_dead_at'))} |"
+        )
+    return lines
+
+
+def search_main(argv: list[str] | None = None) -> int:
+    """``llds experiment search``: each setting of a grid file is one GRPO run (its own ``llds up``);
+    the table says which collapsed, when, and whether the correct responses' likelihood fell first."""
+    p = argparse.ArgumentParser(prog="llds experiment search", description=search_main.__doc__)
+    p.add_argument("--grid", type=Path, default=ROOT / "configs" / "collapse_search.toml",
+                   help="TOML: preset, arm, and [[setting]] tables (name, trainer = {...}, rollout = {...})")  # fmt: skip
+    p.add_argument("--steps", type=int, default=30, help="RL steps per setting")
+    p.add_argument("--seed", type=int, default=0, help="trainer seed of every setting")
+    p.add_argument("--stop-dead", type=int, default=6,
+                   help="stop a setting once this many consecutive steps had zero reward (0 = never)")  # fmt: skip
+    p.add_argument("--only", help="comma-separated setting names to run (default: all)")
+    p.add_argument("--out", type=Path, default=Path("runs/collapse-search"), help="output folder")
+    p.add_argument("--resume", action="store_true", help="skip finished settings, continue interrupted ones")
+    p.add_argument("--report-only", action="store_true", help="rebuild the table and plots from OUT")
+    p.add_argument("--write-repo-report", action="store_true",
+                   help=f"also copy logs, results and plots to {SEARCH_DIR.relative_to(ROOT)}/")  # fmt: skip
+    args = p.parse_args(argv)
+    try:
+        grid = tomllib.loads(args.grid.read_text())
+    except (OSError, tomllib.TOMLDecodeError) as e:
+        p.error(f"--grid {args.grid}: {e}")
+    settings = grid.get("setting", [])
+    names = [s.get("name") for s in settings]
+    arm = grid.get("arm", "grpo")
+    args.preset, args.model, args.trainer_config = grid.get("preset", "cpu"), None, None
+    args.eval_limit = 0
+    if (
+        arm not in ARMS
+        or args.preset not in PRESETS
+        or not settings
+        or None in names
+        or len(set(names)) < len(names)
+    ):
+        p.error(f"--grid {args.grid}: needs arm in {list(ARMS)}, preset in {list(PRESETS)} and [[setting]] "
+                "tables with distinct names")  # fmt: skip
+    only = [n.strip() for n in args.only.split(",")] if args.only else names
+    if unknown := [n for n in only if n not in names]:
+        p.error(f"--only: no setting named {unknown} in {args.grid}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / "results.json"
+    done = {r["arm"]: r for r in json.loads(path.read_text())} if path.is_file() else {}
+    if not args.report_only:
+        for s in settings:
+            if s["name"] in only:
+                done[s["name"]] = run_one(s["name"], args.seed, args, ARMS[arm] | s.get("trainer", {}),
+                                          s.get("rollout") or None)  # fmt: skip
+                results = [done[n] for n in names if n in done]
+                path.write_text(json.dumps(results, indent=1) + "\n")
+    results = [done[n] for n in names if n in done]
+    if not results:
+        p.error(f"no finished setting in {args.out}")
+    logs = load_logs(args.out, results)
+    plots = [x for x in plot(results, logs, args.out) if x.stem in ("reward_mean", "lld_correct_logp_token",
+                                                                     "actor_entropy")]  # fmt: skip
+    md = ["# Collapse search", "", f"Grid: `{args.grid.name}`; command: `llds experiment search --steps "
+          f"{args.steps} --stop-dead {args.stop_dead}`.", "", *search_table(results),
+          "", *[f"![{x.stem}]({x.name})" for x in plots], ""]  # fmt: skip
+    (args.out / "SEARCH.md").write_text("\n".join(md))
+    if args.write_repo_report:
+        import shutil
+
+        (SEARCH_DIR / "logs").mkdir(parents=True, exist_ok=True)
+        for x in [*plots, path, args.out / "SEARCH.md"]:
+            shutil.copy(x, SEARCH_DIR / x.name)
+        for name in logs:
+            shutil.copy(args.out / "logs" / f"{name}.jsonl", SEARCH_DIR / "logs" / f"{name}.jsonl")
+    print("\n".join(md))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llds experiment lld", description=__doc__.split("\n\n")[0])
     p.add_argument(
-        "--preset", default="cpu", choices=["cpu", "tiny", "gpu"], help="llds up preset of every run"
+        "--preset",
+        default="cpu",
+        choices=list(PRESETS),
+        help="preset of every run (cpu-collapse: the collapse regime)",
     )
     p.add_argument("--model", help="starting policy (default: the preset's warm-started policy)")
     p.add_argument("--trainer-config", help="base trainer TOML (default configs/trainer_<preset>.toml)")
@@ -334,6 +494,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     p.add_argument("--out", type=Path, default=Path("runs/experiment-lld"), help="output folder")
     p.add_argument("--resume", action="store_true", help="skip finished runs, continue interrupted ones")
+    p.add_argument("--stop-dead", type=int, default=0,
+                   help="stop a run once this many consecutive steps had zero reward (0 = never)")  # fmt: skip
     p.add_argument("--write-repo-report", action="store_true",
                    help="also write the repository's EXPERIMENTS.md (plots and logs into docs/experiment-lld/)")  # fmt: skip
     p.add_argument(

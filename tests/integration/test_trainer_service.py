@@ -302,3 +302,44 @@ def test_dynamic_sampling_skips_uniform_groups_and_fills_the_step(
     # every entry acknowledged (the skipped ones at once), none left pending
     assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     assert (tmp_path / "trainer.log").read_text().count("): uniform") == 3 and len(ids) == 5
+
+
+def test_the_acting_alarm_fires_in_a_real_run_and_switches_llds_on(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    """GRPO (no regulariser) at a learning rate that wrecks the tiny model: the correct responses'
+    likelihood falls, the monitor warns, and from the next step the trainer runs LLDS. Witnesses: the
+    step log (alarm, action, lambda, LLDS term), the trainer's log line and the checkpoint's state."""
+    r = redis.Redis.from_url(redis_url)
+    r.set(streams.DEFAULT_KEYS.trainer_version, "0")
+    steps = 6
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=steps, port=free_port(),
+                         extra=["--set", "regularizer=none", "--set", "lld_alarm_action=enable_llds",
+                                "--set", "lld_window=3", "--set", "lld_persist_steps=1",
+                                "--set", "lld_fell_fraction=0", "--set", "lr=3e-2",
+                                "--set", "groups_per_step=4", "--set", "llds_lambda=0.5"])  # fmt: skip
+    log_path = tmp_path / "run" / "train_log.jsonl"
+    for step in range(steps):  # each step's groups sampled by the version it trains (none go stale)
+        wait_for(lambda s=step: s == 0 or (log_path.is_file() and len(log_path.read_text().splitlines()) >= s),
+                 120, proc, f"step {step}")  # fmt: skip
+        push(r, synthetic_groups(tokenizer, 4, 3, seed=11 + step, version=step, start_index=4 * step,
+                                 think_words=3, doc_words=6))  # fmt: skip
+    assert proc.wait(300) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    recs = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert len(recs) == steps
+    warned = next((rec["step"] for rec in recs if rec["lld/alarm"] >= 1), None)
+    assert warned is not None, [(x["lld/correct_logp_token"], x["lld/fell_fraction_responses"]) for x in recs]
+    # it acted at the step the state machine entered the warning, and only then
+    assert [rec["step"] for rec in recs if rec["lld/action"] == 1] == [warned]
+    before = [rec for rec in recs if rec["step"] <= warned]
+    after = [rec for rec in recs if rec["step"] > warned]
+    assert after, f"the alarm fired at the last step ({warned}): nothing after it to check"
+    assert all(rec["llds/lambda"] == 0 and rec["loss/llds"] == 0 for rec in before)
+    assert all(rec["llds/lambda"] == 0.5 for rec in after)
+    # the regulariser is in the loss now (non-zero from a step's second update on)
+    assert any(rec["loss/llds"] > 0 and rec["llds/gated_fraction"] > 0 for rec in after)
+    text = (tmp_path / "trainer.log").read_text()
+    assert f"LLD alarm warning at step {warned}: enable_llds, LLDS lambda now 0.5" in text
+    ckpt = sorted((tmp_path / "run" / "checkpoints").iterdir())[-1]
+    state = json.loads((ckpt / "state.json").read_text())
+    assert state["alarm_action"]["fired_steps"] == [warned] and state["alarm_action"]["lam"] == 0.5

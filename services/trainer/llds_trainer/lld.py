@@ -82,7 +82,11 @@ class LLDMonitor:
         displaced = fell_fraction is not None and (
             fell_fraction >= self.fell_fraction or (fell_slope is not None and fell_slope > 0)
         )
-        if s is not None and s < -self.slope_threshold and displaced:
+        if correct_logp is None and fell_fraction is None:
+            # No correct response this step: no evidence either way, so the streak holds. (Resetting
+            # it let a collapse hide the alarm: the steps where reward falls to 0 are such steps.)
+            pass
+        elif s is not None and s < -self.slope_threshold and displaced:
             self.streak += 1
         else:
             self.streak = 0

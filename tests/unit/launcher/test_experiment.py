@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
+import tomllib
 from pathlib import Path
 from typing import Any
 
@@ -100,14 +100,12 @@ def test_finished_runs_are_skipped_and_unfinished_ones_need_resume(
 ) -> None:
     calls: list[list[str]] = []
 
-    def fake_run(cmd: list[str], *a: Any, **k: Any) -> subprocess.CompletedProcess[str]:
+    def fake_train(cmd: list[str], run: Path, stop_dead: int) -> None:
         calls.append(cmd)
-        run = Path(cmd[cmd.index("--resume") + 1] if "--resume" in cmd else cmd[cmd.index("--run-dir") + 1])
         (run / "trainer").mkdir(parents=True, exist_ok=True)
         (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STEADY))
-        return subprocess.CompletedProcess(cmd, 0)
 
-    monkeypatch.setattr(subprocess, "run", fake_run)
+    monkeypatch.setattr(experiment, "_train", fake_train)
     args = argparse.Namespace(out=tmp_path, preset="cpu", trainer_config=None, model=None, steps=30, eval_limit=0,
                               resume=False)  # fmt: skip
     r = experiment.run_one("grpo_alarm", 1, args)
@@ -132,3 +130,92 @@ def test_bad_arguments_are_usage_errors(tmp_path: Path) -> None:
         with pytest.raises(SystemExit) as e:
             experiment.main(argv)
         assert e.value.code == 2
+
+
+DEAD_TRAINER = """
+import json, sys, time
+from pathlib import Path
+log = Path(sys.argv[1]) / "trainer" / "train_log.jsonl"
+log.parent.mkdir(parents=True)
+try:
+    for step in range(1, 40):
+        with log.open("a") as f:
+            f.write(json.dumps({"step": step, "reward/mean": 0.5 if step < 4 else 0.0}) + "\\n")
+        time.sleep(0.05)
+except KeyboardInterrupt:
+    sys.exit(0)
+sys.exit(3)
+"""
+
+
+def test_stop_dead_interrupts_a_run_whose_reward_stays_zero(tmp_path: Path) -> None:
+    """A real child process writing a step log: stopped by Ctrl-C once the last 3 rewards are 0."""
+    import sys
+
+    cmd = [sys.executable, "-c", DEAD_TRAINER, str(tmp_path)]
+    stopped = experiment._train(cmd, tmp_path, stop_dead=3, poll_s=0.2)
+    assert stopped is not None and 6 <= stopped < 39
+    rows = experiment._read_log(tmp_path)
+    assert experiment.dead(rows[:stopped], 3) and not experiment.dead(rows[:5], 3)
+    # without --stop-dead the same child runs to its end (and its exit code 3 is an error)
+    with pytest.raises(RuntimeError, match="exit code 3"):
+        experiment._train([*cmd[:-1], str(tmp_path / "again")], tmp_path / "again", stop_dead=0, poll_s=0.2)
+
+
+def test_search_runs_every_setting_with_merged_configs_and_tables_them(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def fake_train(cmd: list[str], run: Path, stop_dead: int) -> int | None:
+        trainer = Path(cmd[cmd.index("--trainer-config") + 1]).read_text()
+        log = COLLAPSING if "lr = 0.0002" in trainer else STEADY
+        (run / "trainer").mkdir(parents=True, exist_ok=True)
+        (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in log))
+        return None
+
+    monkeypatch.setattr(experiment, "_train", fake_train)
+    grid = tmp_path / "grid.toml"
+    grid.write_text(
+        'preset = "cpu"\narm = "grpo"\n'
+        '[[setting]]\nname = "slow"\ntrainer = { lr = 5e-5 }\n'
+        '[[setting]]\nname = "fast"\ntrainer = { lr = 2e-4 }\n'
+        "rollout = { max_tokens_per_turn = 48, engine = { max_batch_size = 8 } }\n"
+    )
+    out = tmp_path / "search"
+    assert experiment.search_main(["--grid", str(grid), "--out", str(out), "--steps", "30"]) == 0
+    fast = out / "runs" / "fast-s0"
+    rollout = tomllib.loads((fast / "rollout_variant.toml").read_text())
+    assert rollout["max_tokens_per_turn"] == 48 and rollout["engine"] == {
+        **rollout["engine"],
+        "max_batch_size": 8,
+    }
+    assert rollout["engine"]["type"] == "vllm"  # the preset's engine table merged, not replaced
+    trainer = tomllib.loads((fast / "trainer_variant.toml").read_text())
+    assert (trainer["lr"], trainer["regularizer"], trainer["seed"]) == (2e-4, "none", 0)
+    assert not (out / "runs" / "slow-s0" / "rollout_variant.toml").exists()
+    md = (out / "SEARCH.md").read_text()
+    rows = {
+        line.split(" | ")[0].strip("| "): line
+        for line in md.splitlines()
+        if line.startswith("| slow") or line.startswith("| fast")
+    }
+    assert "| yes |" in rows["fast"] and "max_tokens_per_turn=48" in rows["fast"]
+    assert "| - |" in rows["slow"] and "lr=5e-05" in rows["slow"]
+    assert experiment.search_main(["--grid", str(grid), "--out", str(out), "--report-only"]) == 0
+    for argv in (["--only", "nope"], ["--grid", str(tmp_path / "missing.toml")]):
+        with pytest.raises(SystemExit) as e:
+            experiment.search_main(["--grid", str(grid), "--out", str(out), *argv])
+        assert e.value.code == 2
+
+
+def test_the_cpu_collapse_preset_is_the_cpu_preset_with_the_searched_configs() -> None:
+    args = argparse.Namespace(preset="cpu-collapse", steps=40, model=None)
+    cfgs = {k: experiment.preset_config("cpu-collapse", k) for k in ("trainer", "rollout")}
+    assert all(p.is_file() for p in cfgs.values())
+    cmd = experiment._up_command(args, Path("r"), cfgs, resume=False)
+    assert cmd[cmd.index("--preset") + 1] == "cpu"
+    assert cmd[cmd.index("--rollout-config") + 1].endswith("rollout_cpu_collapse.toml")
+    trainer = tomllib.loads(cfgs["trainer"].read_text())
+    assert (
+        trainer["kl_coef"] == 0
+        and trainer["lr"] > tomllib.loads(experiment.preset_config("cpu", "trainer").read_text())["lr"]
+    )

@@ -40,6 +40,25 @@ def test_falling_likelihood_without_displacement_is_not_a_warning() -> None:
     assert m.state == "ok"
 
 
+def test_a_step_without_correct_responses_holds_the_streak() -> None:
+    """A collapsing run has steps with no correct response (no signal): they neither count towards the
+    warning nor reset it, so the alarm still fires through them."""
+    m = LLDMonitor(window=5, persist=3)
+    for v in (-0.1, -0.2, -0.3):
+        m.update(v, 0.9, 0.5, 1.0)
+    assert (m.streak, m.state) == (1, "ok")
+    m.update(None, None, 0.8, 1.0)
+    m.update(None, None, 0.9, 1.0)
+    assert (m.streak, m.state) == (1, "ok")
+    m.update(-0.5, 0.9, 0.9, 1.0)
+    m.update(-0.6, 1.0, 0.9, 1.0)
+    assert (m.streak, m.state) == (3, "warning")
+    m.update(None, None, 0.9, 1.0)
+    assert m.state == "warning"  # held, not cleared, by a step with nothing to measure
+    m.update(-0.1, 0.0, 0.9, 1.0)  # a measured step that is not displaced clears it
+    assert (m.streak, m.state) == (0, "ok")
+
+
 def test_monitor_state_round_trips() -> None:
     m = LLDMonitor()
     for i in range(4):
