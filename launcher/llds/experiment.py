@@ -381,8 +381,31 @@ def report(
     return "\n".join(lines)
 
 
+def repo_report(results: list[dict[str, Any]], args: argparse.Namespace, plots: list[Path]) -> str:
+    """The repository's EXPERIMENTS.md: the comparison, then the collapse search it rests on (from
+    docs/collapse-search/results.json), then the hand-written reading (docs/experiment-lld/notes.md)."""
+    md = report(results, args, plots, plot_prefix="docs/experiment-lld/")
+    found = SEARCH_DIR / "results.json"
+    if found.is_file():
+        search = json.loads(found.read_text())
+        figs = sorted(p.name for p in SEARCH_DIR.glob("*.png"))
+        md += "\n".join(["", "## The collapse search", "",
+                         "Command: `llds experiment search` (grid `configs/collapse_search.toml`, seed 0, GRPO; logs "
+                         "in `docs/collapse-search/logs/`, table rebuilt with `--report-only`).", "",
+                         *search_table(search), "", *[f"![search {f}](docs/collapse-search/{f})" for f in figs], ""])  # fmt: skip
+    notes = ROOT / "docs" / "experiment-lld" / "notes.md"
+    if notes.is_file():
+        md += "\n" + notes.read_text()
+    return md
+
+
 SEARCH_DIR = ROOT / "docs" / "collapse-search"
 """Where ``llds experiment search --write-repo-report`` puts the search's logs, results and plots."""
+
+
+def _stopped(r: dict[str, Any]) -> str:
+    at = r.get("stopped_dead_at")
+    return "-" if at is None else f"{at} (reward 0 for {r.get('stop_dead', '?')} steps)"
 
 
 def search_table(results: list[dict[str, Any]], plot_prefix: str = "") -> list[str]:
@@ -401,7 +424,7 @@ def search_table(results: list[dict[str, Any]], plot_prefix: str = "") -> list[s
         lines.append(
             f"| {r['arm']} | {over} | {r['steps']} | {_f(r.get('step_s_median'))} "
             f"| {_f(r['reward_first'])} -> {_f(r['reward_last'])} | {_f(r['reward_peak_ma'])} | {_f(c)} "
-            f"| {_f(t)} | {first} | {_f(r.get('stopped_dead_at'))} |"
+            f"| {_f(t)} | {first} | {_stopped(r)} |"
         )
     return lines
 
@@ -461,7 +484,7 @@ def search_main(argv: list[str] | None = None) -> int:
     plots = [x for x in plot(results, logs, args.out) if x.stem in ("reward_mean", "lld_correct_logp_token",
                                                                      "actor_entropy")]  # fmt: skip
     md = ["# Collapse search", "", f"Grid: `{args.grid.name}`; command: `llds experiment search --steps "
-          f"{args.steps} --stop-dead {args.stop_dead}`.", "", *search_table(results),
+          f"{args.steps} --stop-dead N` (N per run: last column).", "", *search_table(results),
           "", *[f"![{x.stem}]({x.name})" for x in plots], ""]  # fmt: skip
     (args.out / "SEARCH.md").write_text("\n".join(md))
     if args.write_repo_report:
@@ -543,7 +566,7 @@ def main(argv: list[str] | None = None) -> int:
             shutil.copy(args.out / "logs" / f"{name}.jsonl", dest / "logs" / f"{name}.jsonl")
         for f in ("results.json", "study.json"):
             shutil.copy(args.out / f, dest / f)
-        (ROOT / "EXPERIMENTS.md").write_text(report(results, args, plots, plot_prefix="docs/experiment-lld/"))
+        (ROOT / "EXPERIMENTS.md").write_text(repo_report(results, args, plots))
     print(md)
     return 0
 
