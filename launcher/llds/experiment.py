@@ -196,27 +196,41 @@ def _write_variant(path: Path, base: Path, overrides: dict[str, Any]) -> None:
     path.write_text(tomli_w.dumps(cfg))
 
 
-def _train(cmd: list[str], run: Path, stop_dead: int, poll_s: float = 5.0) -> int | None:
-    """Run ``llds up``; with ``stop_dead`` > 0, stop it (Ctrl-C: a clean stop) once the last
-    ``stop_dead`` steps had zero reward. Returns the step it was stopped at, None if it ran out."""
+def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float = 5.0) -> int | None:
+    """Run ``llds up`` for ``steps``; with ``stop_dead`` > 0, stop it (Ctrl-C: a clean stop) once the
+    last ``stop_dead`` steps had zero reward. Returns the step it was stopped at, None if it ran its
+    steps. A run that ended short of them otherwise (Ctrl-C, SIGTERM: ``llds up`` exits 0 on a
+    requested stop) raises :class:`Interrupted`, judged by the step log, not the exit code."""
     import signal
     import subprocess
 
     proc = subprocess.Popen(cmd)
     stopped = None
-    while True:
-        try:
-            code = proc.wait(timeout=poll_s)
-            break
-        except subprocess.TimeoutExpired:
-            log = _read_log(run)
-            if stop_dead and stopped is None and dead(log, stop_dead):
-                stopped = int(log[-1]["step"])
-                print(f"== dead for {stop_dead} steps at step {stopped}: stopping the run", flush=True)
-                proc.send_signal(signal.SIGINT)
+    try:
+        while True:
+            try:
+                code = proc.wait(timeout=poll_s)
+                break
+            except subprocess.TimeoutExpired:
+                log = _read_log(run)
+                if stop_dead and stopped is None and dead(log, stop_dead):
+                    stopped = int(log[-1]["step"])
+                    print(f"== dead for {stop_dead} steps at step {stopped}: stopping the run", flush=True)
+                    proc.send_signal(signal.SIGINT)
+    except KeyboardInterrupt:
+        proc.send_signal(signal.SIGINT)  # a no-op if it got the same Ctrl-C; it stops cleanly
+        proc.wait()
+        raise
     if code != 0:
         raise RuntimeError(f"llds up failed with exit code {code} (logs in {run / 'logs'})")
+    last = max((int(r["step"]) for r in _read_log(run)), default=0)
+    if stopped is None and last < steps:
+        raise Interrupted(f"{run} stopped at step {last} of {steps}; continue it with --resume")
     return stopped
+
+
+class Interrupted(Exception):
+    """A run that ended before its steps without being stopped by --stop-dead."""
 
 
 def run_one(
@@ -253,7 +267,7 @@ def run_one(
     cmd = _up_command(args, run, cfgs, resume)
     t0 = time.monotonic()
     print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
-    stopped = _train(cmd, run, getattr(args, "stop_dead", 0))
+    stopped = _train(cmd, run, getattr(args, "stop_dead", 0), args.steps)
     log = _read_log(run)
     result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0}
     if rollout:
@@ -273,6 +287,13 @@ def run_one(
     (args.out / "logs" / f"{run_name(arm, seed)}.jsonl").write_text(compact(log))
     (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _run_or_exit(*a: Any, **k: Any) -> dict[str, Any]:
+    try:
+        return run_one(*a, **k)
+    except (Interrupted, KeyboardInterrupt) as e:
+        raise SystemExit(f"llds experiment: interrupted ({e or 'Ctrl-C'}); finished runs are kept") from None
 
 
 def load_logs(out: Path, results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -429,6 +450,14 @@ def search_table(results: list[dict[str, Any]], plot_prefix: str = "") -> list[s
     return lines
 
 
+def _interruptible() -> None:
+    """Ctrl-C stops the experiment (after its current run stopped cleanly) even when it was started
+    with SIGINT ignored (a script's background job inherits that)."""
+    import signal
+
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def search_main(argv: list[str] | None = None) -> int:
     """``llds experiment search``: each setting of a grid file is one GRPO run (its own ``llds up``);
     the table says which collapsed, when, and whether the correct responses' likelihood fell first."""
@@ -446,6 +475,7 @@ def search_main(argv: list[str] | None = None) -> int:
     p.add_argument("--write-repo-report", action="store_true",
                    help=f"also copy logs, results and plots to {SEARCH_DIR.relative_to(ROOT)}/")  # fmt: skip
     args = p.parse_args(argv)
+    _interruptible()
     try:
         grid = tomllib.loads(args.grid.read_text())
     except (OSError, tomllib.TOMLDecodeError) as e:
@@ -473,7 +503,7 @@ def search_main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for s in settings:
             if s["name"] in only:
-                done[s["name"]] = run_one(s["name"], args.seed, args, ARMS[arm] | s.get("trainer", {}),
+                done[s["name"]] = _run_or_exit(s["name"], args.seed, args, ARMS[arm] | s.get("trainer", {}),
                                           s.get("rollout") or None)  # fmt: skip
                 results = [done[n] for n in names if n in done]
                 path.write_text(json.dumps(results, indent=1) + "\n")
@@ -537,6 +567,7 @@ def main(argv: list[str] | None = None) -> int:
         p.error(
             f"arms must be among {list(ARMS)} (got {bad}), --seeds non-empty, --steps >= 1, --eval-limit >= 0"
         )
+    _interruptible()
     args.out.mkdir(parents=True, exist_ok=True)
     if args.report_only:
         path = args.out / "results.json"
@@ -549,7 +580,7 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, k, v)
     else:
         (args.out / "study.json").write_text(json.dumps({k: getattr(args, k) for k in STUDY_KEYS}) + "\n")
-        results = [run_one(a, s, args) for s in seeds for a in arms]
+        results = [_run_or_exit(a, s, args) for s in seeds for a in arms]
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     logs = load_logs(args.out, results)
     plots = plot(results, logs, args.out)

@@ -136,6 +136,10 @@ class TrainerConfig(ServiceSettings):
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (arXiv 2503.14476): skip, acknowledge and count (``uniform``) groups whose
     rewards are all equal (zero advantage, no learning signal) and read on until the step is full."""
+    dynamic_sampling_max_skips: int = Field(default=256, ge=0)
+    """Fail the step (the trainer stops with an error naming the cause) once it has skipped this many
+    uniform groups in a row: a policy whose every group scores the same (a collapsed one, all 0) would
+    otherwise have the rollout sample for ever. 0 = no limit. (DAPO's max_num_gen_batches.)"""
     staleness_k: int = Field(default=1, ge=0)
     """Drop a group whose oldest token is more than K real updates (lineage distance) behind the trainer."""
 

@@ -32,6 +32,7 @@ from llds_proto import streams
 from llds_proto.codec import decode_group, encode_group
 from llds_proto.messages import TrainerInfo, TrajectoryGroup, WeightUpdateNotice
 from llds_trainer.config import TrainerConfig
+from llds_trainer.core import TrainerError
 from llds_trainer.faults import failpoint
 from llds_trainer.lineage import Lineage
 from llds_trainer.metrics import TrainerMetrics
@@ -314,6 +315,7 @@ class TrainerService:
         groups: list[TrajectoryGroup] = []
         ids: list[str] = []
         seen: set[str] = set()
+        uniform_run = 0
         while len(groups) < want:
             if self.stop_event.is_set():
                 self.queue.release([])
@@ -330,7 +332,17 @@ class TrainerService:
                         reason if e.error is None else e.error,
                     )
                     self.queue.ack([e.entry_id])
+                    uniform_run = uniform_run + 1 if reason == "uniform" else uniform_run
+                    cap = self.cfg.dynamic_sampling_max_skips
+                    if cap and uniform_run >= cap:
+                        raise TrainerError(
+                            f"dynamic sampling skipped {uniform_run} groups in a row whose rewards were all "
+                            f"equal (last: all {e.group.trajectories[0].reward if e.group else '?'}): no "
+                            "learning signal left (a collapsed policy?); raise dynamic_sampling_max_skips "
+                            "or turn dynamic_sampling off"
+                        )
                     continue
+                uniform_run = 0
                 assert e.group is not None
                 seen.add(e.group.group_id)
                 groups.append(e.group)

@@ -100,7 +100,7 @@ def test_finished_runs_are_skipped_and_unfinished_ones_need_resume(
 ) -> None:
     calls: list[list[str]] = []
 
-    def fake_train(cmd: list[str], run: Path, stop_dead: int) -> None:
+    def fake_train(cmd: list[str], run: Path, stop_dead: int, steps: int) -> None:
         calls.append(cmd)
         (run / "trainer").mkdir(parents=True, exist_ok=True)
         (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STEADY))
@@ -153,19 +153,33 @@ def test_stop_dead_interrupts_a_run_whose_reward_stays_zero(tmp_path: Path) -> N
     import sys
 
     cmd = [sys.executable, "-c", DEAD_TRAINER, str(tmp_path)]
-    stopped = experiment._train(cmd, tmp_path, stop_dead=3, poll_s=0.2)
+    stopped = experiment._train(cmd, tmp_path, stop_dead=3, steps=39, poll_s=0.2)
     assert stopped is not None and 6 <= stopped < 39
     rows = experiment._read_log(tmp_path)
     assert experiment.dead(rows[:stopped], 3) and not experiment.dead(rows[:5], 3)
     # without --stop-dead the same child runs to its end (and its exit code 3 is an error)
     with pytest.raises(RuntimeError, match="exit code 3"):
-        experiment._train([*cmd[:-1], str(tmp_path / "again")], tmp_path / "again", stop_dead=0, poll_s=0.2)
+        experiment._train([*cmd[:-1], str(tmp_path / "again")], tmp_path / "again", 0, 39, poll_s=0.2)
+
+
+def test_a_run_that_ends_short_of_its_steps_is_interrupted_not_finished(tmp_path: Path) -> None:
+    """llds up exits 0 on a requested stop (Ctrl-C, SIGTERM): the step log, not the exit code, says
+    the run is unfinished, so no result is written and --resume continues it."""
+    import sys
+
+    short = DEAD_TRAINER.replace("range(1, 40)", "range(1, 6)").replace("sys.exit(3)", "sys.exit(0)")
+    with pytest.raises(experiment.Interrupted, match="stopped at step 5 of 10"):
+        experiment._train([sys.executable, "-c", short, str(tmp_path)], tmp_path, 0, 10, poll_s=0.2)
+    assert (
+        experiment._train([sys.executable, "-c", short, str(tmp_path / "b")], tmp_path / "b", 0, 5, 0.2)
+        is None
+    )
 
 
 def test_search_runs_every_setting_with_merged_configs_and_tables_them(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    def fake_train(cmd: list[str], run: Path, stop_dead: int) -> int | None:
+    def fake_train(cmd: list[str], run: Path, stop_dead: int, steps: int) -> int | None:
         trainer = Path(cmd[cmd.index("--trainer-config") + 1]).read_text()
         log = COLLAPSING if "lr = 0.0002" in trainer else STEADY
         (run / "trainer").mkdir(parents=True, exist_ok=True)

@@ -191,3 +191,48 @@ def test_dynamic_sampling_skips_groups_whose_rewards_are_all_equal(tokenizer: An
     assert on._drop_reason(Entry("2-1", mixed), set()) is None
     off = _service(3)
     assert off._drop_reason(Entry("2-2", same), set()) is None
+
+
+def test_dynamic_sampling_fails_clearly_when_every_group_is_uniform(tokenizer: Any) -> None:
+    """A collapsed policy (every reward 0) must not have the trainer read for ever: after
+    dynamic_sampling_max_skips uniform groups in a row the step fails, naming the cause; every skipped
+    entry is acknowledged. A group with a signal in between restarts the count."""
+    import threading
+
+    from llds_trainer.core import TrainerError
+    from llds_trainer.metrics import TrainerMetrics
+    from llds_trainer.queue import Entry
+    from llds_trainer.synthetic import synthetic_groups
+
+    gs = synthetic_groups(tokenizer, 12, 3, version=3, think_words=2, doc_words=3, start_index=40)
+
+    def rewards(g: Any, values: tuple[float, ...]) -> Any:
+        ts = [t.model_copy(update={"reward": v}) for t, v in zip(g.trajectories, values, strict=True)]
+        return g.model_copy(update={"trajectories": ts})
+
+    class Queue:
+        def __init__(self, groups: list[Any]) -> None:
+            self.entries = [Entry(f"{i}-0", g) for i, g in enumerate(groups)]
+            self.acked: list[str] = []
+
+        def fetch(self, n: int, _stop: Any) -> list[Any]:
+            out, self.entries = self.entries[:n], self.entries[n:]
+            return out
+
+        def ack(self, ids: list[str]) -> None:
+            self.acked += ids
+
+    svc = _service(3, dynamic_sampling=True, dynamic_sampling_max_skips=4, groups_per_step=2)
+    svc.metrics, svc.stop_event = TrainerMetrics(), threading.Event()
+    dead = [rewards(g, (0, 0, 0)) for g in gs[:6]]
+    svc.queue = Queue(dead)
+    with pytest.raises(TrainerError, match="skipped 4 groups in a row whose rewards were all equal"):
+        svc._fetch_usable()
+    assert svc.queue.acked == ["0-0", "1-0", "2-0", "3-0"]
+    # 3 uniform, one with a signal, 3 uniform, one with a signal: the run of skips never reaches 4
+    mixed = [rewards(g, (0, 0, 0)) for g in gs[6:9]] + [rewards(gs[9], (0, 1, 0))]
+    mixed += [rewards(g, (1, 1, 1)) for g in gs[10:12]] + [rewards(gs[0], (0, 0, 1))]
+    svc = _service(3, dynamic_sampling=True, dynamic_sampling_max_skips=4, groups_per_step=2)
+    svc.metrics, svc.stop_event, svc.queue = TrainerMetrics(), threading.Event(), Queue(mixed)
+    groups, ids = svc._fetch_usable()
+    assert [g.group_id for g in groups] == [gs[9].group_id, gs[0].group_id] and ids == ["3-0", "6-0"]
