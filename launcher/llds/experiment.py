@@ -254,16 +254,14 @@ def run_one(
     if resume and not args.resume:
         raise SystemExit(f"llds experiment: {folder} holds an unfinished run; pass --resume or another --out")
     folder.mkdir(parents=True, exist_ok=True)
-    cfgs = {"trainer": folder / "trainer_variant.toml"}
-    if rollout:
-        cfgs["rollout"] = folder / "rollout_variant.toml"
+    # The seed is the rollout's too (question order, sampling), so arms on one seed see the same questions.
+    cfgs = {"trainer": folder / "trainer_variant.toml", "rollout": folder / "rollout_variant.toml"}
     if not resume:
         _write_variant(cfgs["trainer"], Path(args.trainer_config or preset_config(args.preset, "trainer")),
                        trainer | {"seed": seed})  # fmt: skip
-        if rollout:
-            _write_variant(cfgs["rollout"], preset_config(args.preset, "rollout"), rollout)
-        elif PRESETS[args.preset][1] != PRESETS[args.preset][0]:
-            cfgs["rollout"] = preset_config(args.preset, "rollout")
+        rollout_seeded = (rollout or {}) | {"seed": seed}
+        rollout_seeded["engine"] = (rollout or {}).get("engine", {}) | {"seed": seed}
+        _write_variant(cfgs["rollout"], preset_config(args.preset, "rollout"), rollout_seeded)
     cmd = _up_command(args, run, cfgs, resume)
     t0 = time.monotonic()
     print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)

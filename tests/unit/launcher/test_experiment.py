@@ -112,6 +112,9 @@ def test_finished_runs_are_skipped_and_unfinished_ones_need_resume(
     assert r["steps"] == 30 and r["overrides"]["lld_alarm_action"] == "enable_llds"
     cfg = (tmp_path / "runs" / "grpo_alarm-s1" / "trainer_variant.toml").read_text()
     assert 'lld_alarm_action = "enable_llds"' in cfg and "seed = 1" in cfg
+    # the seed also picks the rollout's question order and sampling seed
+    rollout = tomllib.loads((tmp_path / "runs" / "grpo_alarm-s1" / "rollout_variant.toml").read_text())
+    assert (rollout["seed"], rollout["engine"]["seed"], rollout["engine"]["type"]) == (1, 1, "vllm")
     assert (tmp_path / "logs" / "grpo_alarm-s1.jsonl").is_file()
     assert experiment.run_one("grpo_alarm", 1, args) == r and len(calls) == 1  # finished: skipped
     # an interrupted run (llds up wrote its config, no result yet)
@@ -205,7 +208,8 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
     assert rollout["engine"]["type"] == "vllm"  # the preset's engine table merged, not replaced
     trainer = tomllib.loads((fast / "trainer_variant.toml").read_text())
     assert (trainer["lr"], trainer["regularizer"], trainer["seed"]) == (2e-4, "none", 0)
-    assert not (out / "runs" / "slow-s0" / "rollout_variant.toml").exists()
+    slow = tomllib.loads((out / "runs" / "slow-s0" / "rollout_variant.toml").read_text())
+    assert (slow["seed"], slow["engine"]["seed"], slow["max_tokens_per_turn"]) == (0, 0, 96)  # the preset's
     md = (out / "SEARCH.md").read_text()
     rows = {
         line.split(" | ")[0].strip("| "): line
