@@ -201,6 +201,7 @@ def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float 
     last ``stop_dead`` steps had zero reward. Returns the step it was stopped at, None if it ran its
     steps. A run that ended short of them otherwise (Ctrl-C, SIGTERM: ``llds up`` exits 0 on a
     requested stop) raises :class:`Interrupted`, judged by the step log, not the exit code."""
+    import os
     import signal
     import subprocess
 
@@ -218,8 +219,15 @@ def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float 
                     print(f"== dead for {stop_dead} steps at step {stopped}: stopping the run", flush=True)
                     proc.send_signal(signal.SIGINT)
     except KeyboardInterrupt:
-        proc.send_signal(signal.SIGINT)  # a no-op if it got the same Ctrl-C; it stops cleanly
-        proc.wait()
+        # A Ctrl-C at the terminal reached llds up too (same process group): signalling it again would
+        # interrupt its shutdown. Otherwise (kill -INT of this process alone) pass it on.
+        if os.getpgid(proc.pid) != os.getpgrp():
+            proc.send_signal(signal.SIGINT)
+        while proc.poll() is None:
+            try:
+                proc.wait()
+            except KeyboardInterrupt:
+                continue  # llds up is stopping its children; leaving now would orphan them
         raise
     if code != 0:
         raise RuntimeError(f"llds up failed with exit code {code} (logs in {run / 'logs'})")
@@ -291,7 +299,9 @@ def _run_or_exit(*a: Any, **k: Any) -> dict[str, Any]:
     try:
         return run_one(*a, **k)
     except (Interrupted, KeyboardInterrupt) as e:
-        raise SystemExit(f"llds experiment: interrupted ({e or 'Ctrl-C'}); finished runs are kept") from None
+        raise SystemExit(
+            f"llds experiment: interrupted ({str(e) or 'Ctrl-C'}); finished runs are kept"
+        ) from None
 
 
 def load_logs(out: Path, results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:

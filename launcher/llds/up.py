@@ -656,6 +656,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"llds up failed: {e}", file=sys.stderr)
         code = 1
     finally:
+        # A second Ctrl-C (or a SIGTERM on top of the first) must not abort the shutdown half-way and
+        # leave children running: ignored from here on (each child is SIGKILLed if it does not stop).
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
         up.stop()
         print("all processes stopped")
     return code

@@ -165,6 +165,10 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(
         assert "foreign" not in (run_dir / "logs" / "trainer.log").read_text()
     finally:
         up.proc.send_signal(signal.SIGINT)
+        # an impatient second Ctrl-C while it stops its children must not leave any of them running
+        time.sleep(1.0)
+        if up.proc.poll() is None:
+            up.proc.send_signal(signal.SIGINT)
         code = up.wait_exit(90)
     assert code == 0, up.output(40)
     time.sleep(0.5)
