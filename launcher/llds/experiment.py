@@ -402,6 +402,8 @@ def report(
             f"| {_f(r['reward_peak_ma'])} | {_f(r['collapse_step'])} | {_f(r['logp_turn_step'])} "
             f"| {_f(r['first_warning_step'])} | {_f(r['first_action_step'])} | {_f(r.get('eval_em'))} |"
         )
+    if not results:
+        lines += ["", "No (arm, seed) run of this command has finished yet."]
     diffs = paired(results, "eval_em") + paired(results, "reward_last")
     if diffs:
         lines += ["", "Paired by seed, against GRPO:", "", "| arms | figure | per seed | mean | std |",
