@@ -56,14 +56,19 @@ LOG_KEYS = ["step", *(k for k, _ in SIGNALS), "lld/action", "llds/lambda", "roll
 
 COLLAPSE_WINDOW = 10
 
-PRESETS: dict[str, tuple[str, str]] = {
-    "cpu": ("cpu", "cpu"),
+PRESETS: dict[str, tuple[str, str | None]] = {
+    "cpu": ("cpu", None),
     "cpu-collapse": ("cpu", "cpu_collapse"),
-    "tiny": ("tiny", "tiny"),
-    "gpu": ("gpu", "gpu"),
+    "tiny": ("tiny", None),
+    "gpu": ("gpu", None),
 }
-"""Experiment preset -> (``llds up`` preset, configs/{trainer,rollout}_<name>.toml). ``cpu-collapse`` is
-the CPU preset's model and world with the GRPO setting the collapse search found (EXPERIMENTS.md)."""
+"""Experiment preset -> (``llds up`` preset, overlay). A run's trainer and rollout configs are the ``llds
+up`` preset's configs/{trainer,rollout}_<preset>.toml with configs/{trainer,rollout}_<overlay>.toml
+merged on top. ``cpu-collapse`` is the CPU preset's model and world with the GRPO setting the collapse
+search found (EXPERIMENTS.md)."""
+
+SEARCH_DIR = ROOT / "docs" / "collapse-search"
+"""Where ``llds experiment search --write-repo-report`` puts the search's logs, results and plots."""
 
 
 def _read_log(run_dir: Path) -> list[dict[str, object]]:
@@ -163,9 +168,21 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
-def preset_config(preset: str, kind: str) -> Path:
-    """The preset's ``kind`` (trainer / rollout) TOML."""
-    return ROOT / "configs" / f"{kind}_{PRESETS[preset][1]}.toml"
+def merged(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with ``overrides`` on top; a table (``[engine]``) is merged key by key, not replaced."""
+    out = dict(cfg)
+    for k, v in overrides.items():
+        out[k] = out[k] | v if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
+
+
+def preset_config(preset: str, kind: str) -> dict[str, Any]:
+    """The preset's ``kind`` (trainer / rollout) config: the ``llds up`` preset's TOML and its overlay."""
+    up, overlay = PRESETS[preset]
+    cfg = tomllib.loads((ROOT / "configs" / f"{kind}_{up}.toml").read_text())
+    if overlay is None:
+        return cfg
+    return merged(cfg, tomllib.loads((ROOT / "configs" / f"{kind}_{overlay}.toml").read_text()))
 
 
 def dead(log: list[dict[str, Any]], n: int) -> bool:
@@ -184,16 +201,6 @@ def _up_command(args: argparse.Namespace, run: Path, cfgs: dict[str, Path], resu
     for kind, path in cfgs.items():
         cmd += [f"--{kind}-config", str(path)]
     return cmd + (["--model", args.model] if args.model else [])
-
-
-def _write_variant(path: Path, base: Path, overrides: dict[str, Any]) -> None:
-    cfg = tomllib.loads(base.read_text())
-    for k, v in overrides.items():
-        if isinstance(v, dict) and isinstance(cfg.get(k), dict):
-            cfg[k] = cfg[k] | v
-        else:
-            cfg[k] = v
-    path.write_text(tomli_w.dumps(cfg))
 
 
 def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float = 5.0) -> int | None:
@@ -265,11 +272,12 @@ def run_one(
     # The seed is the rollout's too (question order, sampling), so arms on one seed see the same questions.
     cfgs = {"trainer": folder / "trainer_variant.toml", "rollout": folder / "rollout_variant.toml"}
     if not resume:
-        _write_variant(cfgs["trainer"], Path(args.trainer_config or preset_config(args.preset, "trainer")),
-                       trainer | {"seed": seed})  # fmt: skip
-        rollout_seeded = (rollout or {}) | {"seed": seed}
-        rollout_seeded["engine"] = (rollout or {}).get("engine", {}) | {"seed": seed}
-        _write_variant(cfgs["rollout"], preset_config(args.preset, "rollout"), rollout_seeded)
+        given = args.trainer_config and tomllib.loads(Path(args.trainer_config).read_text())
+        base = given or preset_config(args.preset, "trainer")
+        cfgs["trainer"].write_text(tomli_w.dumps(merged(base, trainer | {"seed": seed})))
+        seeded = merged(preset_config(args.preset, "rollout"), rollout or {})
+        seeded = merged(seeded, {"seed": seed, "engine": {"seed": seed}})
+        cfgs["rollout"].write_text(tomli_w.dumps(seeded))
     cmd = _up_command(args, run, cfgs, resume)
     t0 = time.monotonic()
     print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
@@ -430,16 +438,12 @@ def repo_report(results: list[dict[str, Any]], args: argparse.Namespace, plots: 
     return md
 
 
-SEARCH_DIR = ROOT / "docs" / "collapse-search"
-"""Where ``llds experiment search --write-repo-report`` puts the search's logs, results and plots."""
-
-
 def _stopped(r: dict[str, Any]) -> str:
     at = r.get("stopped_dead_at")
     return "-" if at is None else f"{at} (reward 0 for {r.get('stop_dead', '?')} steps)"
 
 
-def search_table(results: list[dict[str, Any]], plot_prefix: str = "") -> list[str]:
+def search_table(results: list[dict[str, Any]]) -> list[str]:
     """The collapse search's table: one row per setting tried, collapsed or not."""
     lines = [
         "| setting | overrides (trainer; rollout) | steps | s/step | reward first -> last tenth | peak MA "
@@ -458,6 +462,17 @@ def search_table(results: list[dict[str, Any]], plot_prefix: str = "") -> list[s
             f"| {_f(t)} | {first} | {_stopped(r)} |"
         )
     return lines
+
+
+def _copy_to_repo(dest: Path, files: list[Path], out: Path, logs: dict[str, Any]) -> None:
+    """Copy ``files`` into ``dest`` and each run's compact log (OUT/logs/<name>.jsonl) into dest/logs."""
+    import shutil
+
+    (dest / "logs").mkdir(parents=True, exist_ok=True)
+    for f in files:
+        shutil.copy(f, dest / f.name)
+    for name in logs:
+        shutil.copy(out / "logs" / f"{name}.jsonl", dest / "logs" / f"{name}.jsonl")
 
 
 def _interruptible() -> None:
@@ -528,13 +543,7 @@ def search_main(argv: list[str] | None = None) -> int:
           "", *[f"![{x.stem}]({x.name})" for x in plots], ""]  # fmt: skip
     (args.out / "SEARCH.md").write_text("\n".join(md))
     if args.write_repo_report:
-        import shutil
-
-        (SEARCH_DIR / "logs").mkdir(parents=True, exist_ok=True)
-        for x in [*plots, path, args.out / "SEARCH.md"]:
-            shutil.copy(x, SEARCH_DIR / x.name)
-        for name in logs:
-            shutil.copy(args.out / "logs" / f"{name}.jsonl", SEARCH_DIR / "logs" / f"{name}.jsonl")
+        _copy_to_repo(SEARCH_DIR, [*plots, path, args.out / "SEARCH.md"], args.out, logs)
     print("\n".join(md))
     return 0
 
@@ -597,16 +606,8 @@ def main(argv: list[str] | None = None) -> int:
     md = report(results, args, plots)
     (args.out / "EXPERIMENTS.md").write_text(md)
     if args.write_repo_report:
-        import shutil
-
-        dest = ROOT / "docs" / "experiment-lld"
-        (dest / "logs").mkdir(parents=True, exist_ok=True)
-        for p_ in plots:
-            shutil.copy(p_, dest / p_.name)
-        for name in logs:
-            shutil.copy(args.out / "logs" / f"{name}.jsonl", dest / "logs" / f"{name}.jsonl")
-        for f in ("results.json", "study.json"):
-            shutil.copy(args.out / f, dest / f)
+        files = [*plots, args.out / "results.json", args.out / "study.json"]
+        _copy_to_repo(ROOT / "docs" / "experiment-lld", files, args.out, logs)
         (ROOT / "EXPERIMENTS.md").write_text(repo_report(results, args, plots))
     print(md)
     return 0

@@ -324,7 +324,6 @@ class TrainerService:
                 reason = self._drop_reason(e, seen)
                 if reason is not None:
                     self.metrics.dropped.labels(reason=reason).inc()
-                    self._uniform_skipped += reason == "uniform"
                     log.warning(
                         "dropping entry %s (%s): %s",
                         e.entry_id,
@@ -332,15 +331,18 @@ class TrainerService:
                         reason if e.error is None else e.error,
                     )
                     self.queue.ack([e.entry_id])
-                    uniform_run = uniform_run + 1 if reason == "uniform" else uniform_run
-                    cap = self.cfg.dynamic_sampling_max_skips
-                    if cap and uniform_run >= cap:
-                        raise TrainerError(
-                            f"dynamic sampling skipped {uniform_run} groups in a row whose rewards were all "
-                            f"equal (last: all {e.group.trajectories[0].reward if e.group else '?'}): no "
-                            "learning signal left (a collapsed policy?); raise dynamic_sampling_max_skips "
-                            "or turn dynamic_sampling off"
-                        )
+                    if reason == "uniform":
+                        assert e.group is not None  # only a decoded group has rewards to compare
+                        self._uniform_skipped += 1
+                        uniform_run += 1
+                        cap = self.cfg.dynamic_sampling_max_skips
+                        if cap and uniform_run >= cap:
+                            raise TrainerError(
+                                f"dynamic sampling skipped {uniform_run} groups in a row whose rewards were "
+                                f"all equal (last: all {e.group.trajectories[0].reward}): no learning "
+                                "signal left (a collapsed policy?); raise dynamic_sampling_max_skips or "
+                                "turn dynamic_sampling off"
+                            )
                     continue
                 uniform_run = 0
                 assert e.group is not None

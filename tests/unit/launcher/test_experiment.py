@@ -225,15 +225,29 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
         assert e.value.code == 2
 
 
-def test_the_cpu_collapse_preset_is_the_cpu_preset_with_the_searched_configs() -> None:
-    args = argparse.Namespace(preset="cpu-collapse", steps=40, model=None)
-    cfgs = {k: experiment.preset_config("cpu-collapse", k) for k in ("trainer", "rollout")}
-    assert all(p.is_file() for p in cfgs.values())
-    cmd = experiment._up_command(args, Path("r"), cfgs, resume=False)
+def test_the_cpu_collapse_preset_is_the_cpu_preset_with_the_searched_configs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its TOMLs hold only what differs; a run gets the CPU preset's configs with them merged on top."""
+    calls: list[list[str]] = []
+
+    def fake_train(cmd: list[str], run: Path, stop_dead: int, steps: int) -> None:
+        calls.append(cmd)
+        (run / "trainer").mkdir(parents=True, exist_ok=True)
+        (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STEADY))
+
+    monkeypatch.setattr(experiment, "_train", fake_train)
+    args = argparse.Namespace(out=tmp_path, preset="cpu-collapse", trainer_config=None, model=None, steps=30,
+                              eval_limit=0, resume=False)  # fmt: skip
+    experiment.run_one("grpo", 0, args)
+    (cmd,) = calls
     assert cmd[cmd.index("--preset") + 1] == "cpu"
-    assert cmd[cmd.index("--rollout-config") + 1].endswith("rollout_cpu_collapse.toml")
-    trainer = tomllib.loads(cfgs["trainer"].read_text())
-    assert (
-        trainer["kl_coef"] == 0
-        and trainer["lr"] > tomllib.loads(experiment.preset_config("cpu", "trainer").read_text())["lr"]
-    )
+    rollout = tomllib.loads(Path(cmd[cmd.index("--rollout-config") + 1]).read_text())
+    trainer = tomllib.loads(Path(cmd[cmd.index("--trainer-config") + 1]).read_text())
+    cpu = {k: experiment.preset_config("cpu", k) for k in ("trainer", "rollout")}
+    assert trainer["kl_coef"] == 0 and trainer["lr"] > cpu["trainer"]["lr"]
+    assert (rollout["topk"], rollout["max_tokens_per_turn"]) == (2, 64)
+    # everything the overlay does not name comes from the CPU preset, [engine] included
+    assert trainer["groups_per_step"] == cpu["trainer"]["groups_per_step"]
+    assert rollout["engine"] == cpu["rollout"]["engine"] | {"seed": 0}
+    assert rollout["group_size"] == cpu["rollout"]["group_size"]
