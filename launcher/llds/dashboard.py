@@ -35,7 +35,7 @@ from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.messages import HealthResponse
-from llds_proto.settings import ServiceSettings
+from llds_server.settings import ServiceSettings
 
 log = logging.getLogger("llds.dashboard")
 STATIC_DIR = Path(__file__).resolve().parent / "dashboard_static"

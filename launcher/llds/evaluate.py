@@ -189,8 +189,8 @@ class _Services:
         self.children: list = []
 
     def __enter__(self) -> str:
-        from llds.redis_server import free_port
         from llds.supervisor import Child, wait_healthy
+        from llds_server.http import free_port
 
         py = [sys.executable, "-m", "llds.cli"]
         env = {"HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}

@@ -8,22 +8,19 @@ acknowledged stream entries survive a server restart.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from llds_server.http import free_port
+
+# free_port is the shared one; llds.up imports it from here.
+__all__ = ["RedisServer", "RedisServerError", "free_port", "server_binary"]
+
 
 class RedisServerError(RuntimeError):
     """The server binary is missing or did not come up; the message carries its log tail."""
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    """An unused TCP port on ``host``."""
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
 
 
 def server_binary() -> Path:

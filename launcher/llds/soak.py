@@ -526,7 +526,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from llds.supervisor import ChildFailed
     from llds.up import Up, UpConfig, _check_preset
-    from llds_proto.settings import ConfigError
+    from llds_server.settings import ConfigError
 
     ports = {"retriever_port": 0, "rollout_port": 0, "trainer_port": 0, "dashboard_port": 0, "redis_port": 0}
     if args.resume is not None:

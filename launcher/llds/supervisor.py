@@ -75,15 +75,21 @@ class Child:
         return self
 
     def _copy_output(self, echo: bool) -> None:
+        """Every line into the child's log file; on the console all of them (``echo``) or only its
+        errors and tracebacks (:class:`llds.console.ErrorEcho`)."""
+        from llds.console import ErrorEcho
+
         assert self.proc is not None and self.proc.stdout is not None
+        errors = ErrorEcho(self.log_path)
         with self.log_path.open("ab") as log:
             for raw in iter(self.proc.stdout.readline, b""):
                 log.write(raw)
                 log.flush()
                 line = raw.decode(errors="replace").rstrip()
                 self.tail.append(line)
-                if echo:
-                    sys.stdout.write(f"[{self.name:>9}] {line}\n")
+                shown = line if echo else errors(line)
+                if shown is not None:
+                    sys.stdout.write(f"[{self.name:>9}] {shown}\n")
                     sys.stdout.flush()
 
     @property

@@ -39,8 +39,8 @@ import httpx
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
-from llds_proto.settings import ConfigError, ServiceSettings
 from llds_proto.streams import check_run_id
+from llds_server.settings import ConfigError, ServiceSettings
 
 if TYPE_CHECKING:
     from llds.redis_server import RedisServer
@@ -100,6 +100,9 @@ class UpConfig(ServiceSettings):
     """Restart a child that dies (the trainer resumes from its checkpoint) instead of stopping."""
     max_restarts: int = Field(default=3, ge=0)
     """Restarts allowed per child with ``restart_on_failure``; one more death stops the run."""
+    verbose: bool = False
+    """Stream every child's output to the console; otherwise the console shows one line per step
+    and the children's errors, and their full output is only in ``RUN_DIR/logs/<service>.log``."""
 
 
 RUN_FILES = ("run_id", "up_config.toml")
@@ -235,10 +238,12 @@ def _port(port: int) -> int:
 class Up:
     """One run of the system: a fresh one, or with ``resume`` the continuation of ``cfg.run_dir``."""
 
-    def __init__(self, cfg: UpConfig, resume: bool = False, echo: bool = True):
+    def __init__(self, cfg: UpConfig, resume: bool = False, echo: bool | None = None):
         self.cfg = cfg
         self.resume = resume
-        self.echo = echo  # children's output on the console too (their log files get it either way)
+        # Children's whole output on the console too (their log files get it either way); else only
+        # their errors.
+        self.echo = cfg.verbose if echo is None else echo
         self.run_dir = (cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
         self.run_id = read_run_id(self.run_dir) if resume else run_id_for(self.run_dir)
         self.weights_root = self.run_dir / "weights"
@@ -387,7 +392,9 @@ class Up:
             )
         for child in self.children:
             waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)
-            print(f"{child.name:<9} healthy after {waited:.1f} s at {self.url(child.name)}")
+            print(
+                f"{child.name:<9} healthy after {waited:.1f} s at {self.url(child.name)} (log {child.log_path})"
+            )
 
     def banner(self) -> None:
         print("\n" + "=" * 72)
@@ -473,23 +480,35 @@ class Up:
     ) -> dict[str, object]:
         """Poll the trainer until it has done ``steps`` steps; returns its last status. Every poll
         first checks the children (:meth:`check`), so a death ends the wait with its report."""
+        from llds.console import StepReporter
+
         trainer = next(c for c in self.children if c.name == "trainer")
         status: dict[str, object] = {}
-        with httpx.Client(timeout=5.0) as client:
-            while True:
-                self.check()
-                if not trainer.running():  # check() let it pass: it exited 0 after its last step
-                    break
-                try:
-                    status = client.get(f"{self.url('trainer')}/status").json()
-                except (httpx.HTTPError, ValueError):
-                    time.sleep(1.0)
-                    continue
-                if on_status is not None:
-                    on_status(status)
-                if self.cfg.steps and int(str(status.get("step") or 0)) >= self.cfg.steps:
-                    break
-                time.sleep(poll_s)
+        steps = StepReporter(
+            self.run_dir / "trainer" / "train_log.jsonl", self.cfg.steps, self.url("rollout")
+        )
+        if self.resume:
+            steps.skip_existing()
+        try:
+            with httpx.Client(timeout=5.0) as client:
+                while True:
+                    self.check()
+                    steps.poll()
+                    if not trainer.running():  # check() let it pass: it exited 0 after its last step
+                        break
+                    try:
+                        status = client.get(f"{self.url('trainer')}/status").json()
+                    except (httpx.HTTPError, ValueError):
+                        time.sleep(1.0)
+                        continue
+                    if on_status is not None:
+                        on_status(status)
+                    if self.cfg.steps and int(str(status.get("step") or 0)) >= self.cfg.steps:
+                        break
+                    time.sleep(poll_s)
+            steps.poll()
+        finally:
+            steps.close()
         return status
 
     def serve(self) -> None:
@@ -593,6 +612,12 @@ def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
         help="restart a child that dies instead of stopping (at most --max-restarts times each)",
     )
     p.add_argument("--max-restarts", type=int, help="restarts per child with --restart-on-failure")
+    p.add_argument(
+        "--verbose",
+        action="store_const",
+        const=True,
+        help="stream every service's output (default: a line per step; full logs in RUN_DIR/logs/)",
+    )
     args = vars(p.parse_args(argv))
     resume: Path | None = args.pop("resume")
     config = args.pop("config")

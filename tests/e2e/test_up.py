@@ -91,6 +91,30 @@ def test_kill_9_of_the_trainer_fails_llds_up_naming_it(killed_run: KilledRun) ->
     assert "all processes stopped" in out
 
 
+CONSOLE_MAX_LINES = 30
+"""Lines ``llds up --steps 2`` may print between its start-up banner and "still serving" (issue 15)."""
+
+
+def _check_console(lines: list[str], run_dir: Path) -> None:
+    """A console worth watching: after start-up one line per step and the summary, none of the
+    services' own output (which is in RUN_DIR/logs/), no access lines of the polling routes anywhere."""
+    start = next(i for i, ln in enumerate(lines) if ln.startswith("try:  llds answer")) + 2
+    end = next(i for i, ln in enumerate(lines) if "still serving /answer" in ln)
+    after = lines[start:end]
+    assert len(after) <= CONSOLE_MAX_LINES, "".join(after)
+    steps = [ln for ln in after if re.match(rf"step +\d+/{STEPS} \[[#-]+\]  reward ", ln)]
+    assert [int(ln.split()[1].split("/")[0]) for ln in steps] == list(range(1, STEPS + 1)), "".join(after)
+    assert not any(re.match(r"\[ *(rollout|trainer|retriever)\]", ln) for ln in lines), "".join(lines)
+    assert re.search(r"step 1 reward", (run_dir / "logs" / "trainer.log").read_text())
+    # the summary's question went through the rollout: its access line reaches the log (copied there
+    # by llds up's log pump a moment after the answer), the polls' lines never do
+    deadline = time.monotonic() + 10
+    while '"POST /answer HTTP/1.1" 200' not in (rollout := (run_dir / "logs" / "rollout.log").read_text()):
+        assert time.monotonic() < deadline, rollout[-2000:]
+        time.sleep(0.2)
+    assert '"GET /health' not in rollout and '"GET /metrics' not in rollout, rollout[-2000:]
+
+
 def test_llds_up_tiny_trains_swaps_weights_and_answers(
     tmp_path: Path, redis_server: object, killed_run: KilledRun
 ) -> None:
@@ -105,6 +129,7 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(
         # a second run on a Redis holding another run's unconsumed groups never stalls
         up.wait_line("still serving /answer", timeout_s=300)
         log = up.output()
+        _check_console(up.lines, run_dir)
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] >= STEPS, log
         assert summary["rollout_weights_version"] >= STEPS, summary

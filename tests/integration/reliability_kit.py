@@ -18,7 +18,7 @@ from typing import Any
 
 import httpx
 
-from llds.redis_server import free_port
+from llds_server.http import free_port
 
 PY_CLI = [sys.executable, "-m", "llds.cli"]
 QUESTION = "Who founded the Kreixvelor Academy?"

@@ -29,11 +29,10 @@ import redis
 from reliability_kit import Service
 from test_rollout_service import retriever_app
 
-from llds.redis_server import free_port
 from llds_proto.codec import decode_group
 from llds_proto.messages import TrainerInfo
 from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, RunKeys
-from llds_rollout.serving import BackgroundServer
+from llds_server.http import BackgroundServer, free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

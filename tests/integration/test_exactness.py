@@ -39,7 +39,7 @@ from llds_proto.codec import decode_group
 from llds_proto.messages import TrainerInfo, TrajectoryGroup
 from llds_proto.search_protocol import invalid_action_ids, observation_ids, parse_action, prompt_ids
 from llds_proto.streams import DEFAULT_KEYS, DEFAULT_RUN_ID
-from llds_rollout.serving import BackgroundServer
+from llds_server.http import BackgroundServer
 
 pytestmark = pytest.mark.integration
 

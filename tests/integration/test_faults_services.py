@@ -33,9 +33,10 @@ from reliability_kit import (
 )
 from test_rollout_service import write_trainer_info
 
-from llds.redis_server import RedisServer, free_port
+from llds.redis_server import RedisServer
 from llds_proto import streams
 from llds_proto.codec import decode_group, encode_group
+from llds_server.http import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -147,7 +148,7 @@ def test_retriever_down_10s_answer_503_then_recovers_without_restart(
     """The rollout (in-process, forced to search on every first turn) outlives a 10 s retriever outage."""
     from llds_rollout.app import create_app
     from llds_rollout.config import RolloutSettings
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
 
     r = redis.Redis.from_url(redis_url)
     write_trainer_info(r, groups_per_step=8)  # no trainer here: a pace that lets production run

@@ -76,7 +76,7 @@ def fuzz_service(
 def retriever_url() -> Iterator[str]:
     from llds_retriever.app import create_app
     from llds_retriever.config import RetrieverConfig
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
 
     _, index = world_index()
     with BackgroundServer(create_app(RetrieverConfig(index_dir=index, torch_threads=1))) as srv:
@@ -90,7 +90,7 @@ def rollout_url(
 ) -> Iterator[str]:
     from llds_rollout.app import create_app
     from llds_rollout.config import RolloutSettings
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
 
     settings = RolloutSettings.load(
         overrides={"model": str(tiny_model_dir), "retriever_url": retriever_url, "train": False,
@@ -145,7 +145,7 @@ def test_fuzz_trainer(tiny_model_dir: Path, redis_server: Any, tmp_path: Path) -
     """The real trainer service after set-up (model loaded, queue joined), waiting for groups."""
     import redis
 
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
     from llds_trainer.app import create_app
     from llds_trainer.config import TrainerConfig
     from llds_trainer.service import TrainerService
@@ -163,7 +163,7 @@ def test_fuzz_trainer(tiny_model_dir: Path, redis_server: Any, tmp_path: Path) -
 
 def test_fuzz_dashboard(retriever_url: str, rollout_url: str) -> None:
     from llds.dashboard import DashboardConfig, create_app
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
 
     cfg = DashboardConfig(retriever_url=retriever_url, rollout_url=rollout_url, trainer_url="http://127.0.0.1:9",
                           poll_interval_s=0.2)  # fmt: skip

@@ -21,7 +21,7 @@ import pytest
 from reliability_kit import PY_CLI, Service, retriever_service
 
 from llds.loadtest import LoadResult, run_load
-from llds.redis_server import free_port
+from llds_server.http import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

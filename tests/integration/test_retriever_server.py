@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -14,6 +13,8 @@ from pathlib import Path
 
 import httpx
 import pytest
+
+from llds_server.http import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -25,12 +26,6 @@ TOPICS = [
     ("Café", "A café serves coffee and small meals."),
 ]
 INDEX_CMD = "import sys; from llds_retriever.cli import index_main; sys.exit(index_main(sys.argv[1:]))"
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -56,7 +51,7 @@ def index_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 class _Server:
     def __init__(self, *args: str):
-        self.port = _free_port()
+        self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLDS_RETRIEVER_TORCH_THREADS": "1"}
         self.proc = subprocess.Popen(

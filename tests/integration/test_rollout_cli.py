@@ -15,7 +15,7 @@ import pytest
 from fastapi import FastAPI
 
 from llds_rollout.cli import answer_main, serve_main
-from llds_rollout.serving import BackgroundServer, free_port
+from llds_server.http import BackgroundServer, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -30,8 +30,8 @@ from llds_rollout.app import create_app
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
 from llds_rollout.engine.hf import TransformersEngine
-from llds_rollout.serving import BackgroundServer, free_port
 from llds_rollout.weights import write_marker
+from llds_server.http import BackgroundServer, free_port
 
 pytestmark = pytest.mark.integration
 

@@ -21,7 +21,7 @@ from test_rollout_service import AUTH, TOKEN, _publish, _wait, retriever_app
 
 from llds_rollout.app import create_app
 from llds_rollout.config import RolloutSettings
-from llds_rollout.serving import BackgroundServer
+from llds_server.http import BackgroundServer
 
 pytestmark = [
     pytest.mark.slow,

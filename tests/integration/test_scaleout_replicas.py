@@ -16,9 +16,9 @@ import httpx
 import pytest
 import redis
 
-from llds.redis_server import free_port
 from llds.up import ensure_world, ensure_world_index
 from llds_proto import streams
+from llds_server.http import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 

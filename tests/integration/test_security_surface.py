@@ -18,7 +18,8 @@ import httpx
 import pytest
 import redis
 
-from llds.redis_server import RedisServer, free_port
+from llds.redis_server import RedisServer
+from llds_server.http import free_port
 
 pytestmark = pytest.mark.integration
 
@@ -208,7 +209,7 @@ def post_services(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory
     from llds_retriever.config import RetrieverConfig
     from llds_rollout.app import create_app as rollout_app
     from llds_rollout.config import RolloutSettings
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
 
     empty = tmp_path_factory.mktemp("no-index")
     rcfg = RetrieverConfig(index_dir=empty, max_body_bytes=4096)

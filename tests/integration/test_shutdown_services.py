@@ -25,9 +25,9 @@ import pytest
 import redis
 from reliability_kit import PY_CLI, Service, retriever_service, wait_for
 
-from llds.redis_server import free_port
 from llds_proto import streams
 from llds_proto.codec import encode_group
+from llds_server.http import free_port
 
 pytestmark = pytest.mark.integration
 

@@ -47,8 +47,8 @@ from test_rollout_service import AUTH, QUESTION, TOKEN, _wait, retriever_app
 from llds_proto.codec import decode_group
 from llds_proto.messages import TrajectoryGroup
 from llds_proto.streams import DEFAULT_KEYS
-from llds_rollout.serving import BackgroundServer
 from llds_rollout.weights import write_marker
+from llds_server.http import BackgroundServer
 
 pytestmark = [
     pytest.mark.slow,

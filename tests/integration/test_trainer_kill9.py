@@ -31,8 +31,8 @@ import redis
 import torch
 from test_trainer_service import push, start_trainer
 
-from llds.redis_server import free_port
 from llds_proto import streams
+from llds_server.http import free_port
 from llds_trainer.publish import MARKER
 from llds_trainer.synthetic import synthetic_groups
 

@@ -18,9 +18,9 @@ import pytest
 import redis
 from test_trainer_service import fake_rollout_server, push, start_trainer
 
-from llds.redis_server import free_port
 from llds_proto import streams
 from llds_proto.messages import TrainerInfo
+from llds_server.http import free_port
 from llds_trainer.publish import MARKER
 from llds_trainer.synthetic import synthetic_groups
 

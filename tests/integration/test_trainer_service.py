@@ -22,10 +22,10 @@ import httpx
 import pytest
 import redis
 
-from llds.redis_server import free_port
 from llds_proto import streams
 from llds_proto.codec import encode_group
 from llds_proto.messages import TrainerInfo
+from llds_server.http import free_port
 from llds_trainer.publish import MARKER, sha256_file
 from llds_trainer.synthetic import synthetic_groups
 

@@ -36,7 +36,7 @@ from llds_rollout.app import create_app
 from llds_rollout.config import EngineSettings, RolloutSettings
 from llds_rollout.engine.base import EngineError, GenerationRequest, GenerationResult, WeightLoadError
 from llds_rollout.engine.transfer import WeightTransferError
-from llds_rollout.serving import BackgroundServer
+from llds_server.http import BackgroundServer
 
 pytestmark = [
     pytest.mark.integration,

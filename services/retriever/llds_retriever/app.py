@@ -21,7 +21,6 @@ from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
-from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from llds_proto.messages import HealthResponse, RetrieveRequest, RetrieveResponse
@@ -30,45 +29,22 @@ from llds_retriever.errors import RetrieverError, SaturatedError
 from llds_retriever.loader import Loaded, load
 from llds_retriever.metrics import RetrieverMetrics
 from llds_retriever.service import RetrieverService
+from llds_server.http import BodyLimitMiddleware
 
 log = logging.getLogger("llds.retriever")
 
 
-class EdgeMiddleware:
-    """Body size limit (413, also for chunked bodies) and status/latency accounting of ``/retrieve``."""
+class AccountingMiddleware:
+    """Status counts and latency of ``/retrieve``, 413s from the body limit inside it included."""
 
-    def __init__(self, app: ASGIApp, max_body_bytes: int, metrics: RetrieverMetrics):
+    def __init__(self, app: ASGIApp, metrics: RetrieverMetrics):
         self.app = app
-        self.max_body_bytes = max_body_bytes
         self.metrics = metrics
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        limit = self.max_body_bytes
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > limit):
-            await JSONResponse(
-                {
-                    "detail": f"request body of {declared.decode(errors='replace')} bytes exceeds the {limit}-byte limit"
-                },
-                status_code=413,
-            )(scope, receive, send)
-            self._count(scope, 413)
-            return
-        seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > limit:
-                    # FastAPI re-raises HTTPException from body reading, so this becomes a 413 answer.
-                    raise HTTPException(413, f"request body exceeds the {limit}-byte limit")
-            return msg
-
         status = 500
 
         async def send_status(msg: Message) -> None:
@@ -79,7 +55,7 @@ class EdgeMiddleware:
 
         t0 = time.perf_counter()
         try:
-            await self.app(scope, limited_receive, send_status)
+            await self.app(scope, receive, send_status)
         finally:
             self._count(scope, status)
             if status == 200 and scope["path"] == "/retrieve":
@@ -155,7 +131,8 @@ def create_app(
                     service.corpus.close()
 
     app = FastAPI(title="llds retriever", version="1", lifespan=lifespan)
-    app.add_middleware(EdgeMiddleware, max_body_bytes=config.max_body_bytes, metrics=metrics)
+    app.add_middleware(BodyLimitMiddleware, max_body_bytes=config.max_body_bytes)
+    app.add_middleware(AccountingMiddleware, metrics=metrics)  # outermost: counts the 413s too
     app.state.retriever = state
     app.state.metrics = metrics
 

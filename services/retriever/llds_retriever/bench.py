@@ -23,7 +23,6 @@ import asyncio
 import json
 import os
 import platform
-import socket
 import subprocess
 import sys
 import time
@@ -33,6 +32,8 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+
+from llds_server.http import free_port
 
 # --------------------------------------------------------------------------------------------------
 # Load generator: a minimal HTTP/1.1 keep-alive client, cheap enough not to steal the server's CPU.
@@ -133,13 +134,6 @@ async def run_load(
 # --------------------------------------------------------------------------------------------------
 # Servers as subprocesses
 # --------------------------------------------------------------------------------------------------
-
-
-def free_port() -> int:
-    """A free TCP port on loopback."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def wait_healthy(url: str, proc: subprocess.Popen[bytes], timeout: float) -> None:

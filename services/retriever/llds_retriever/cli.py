@@ -22,8 +22,8 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llds_proto.settings import ConfigError
 from llds_retriever.config import RetrieverConfig
+from llds_server.settings import ConfigError
 
 
 def _setup_logging(level: str) -> None:

@@ -1,6 +1,6 @@
 """``RetrieverConfig``: every knob of the retriever server, with defaults that serve on 2 CPU cores.
 
-Precedence (see :mod:`llds_proto.settings`): defaults < TOML file < ``LLDS_RETRIEVER_*`` env < CLI flags.
+Precedence (see :mod:`llds_server.settings`): defaults < TOML file < ``LLDS_RETRIEVER_*`` env < CLI flags.
 """
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.messages import MAX_TOPK
-from llds_proto.settings import ServiceSettings
+from llds_server.settings import ServiceSettings
 
 BackendType = Literal["bm25", "dense", "hybrid"]
 Pooling = Literal["mean", "cls"]

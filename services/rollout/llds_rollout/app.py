@@ -14,7 +14,7 @@ from typing import Any
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
+from starlette.types import ASGIApp, Receive, Scope, Send
 
 from llds_proto.messages import (
     AnswerRequest,
@@ -32,40 +32,11 @@ from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStat
 from llds_rollout.retrieval import RetrieverError
 from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
 from llds_rollout.weights import WeightsError
+from llds_server.http import BodyLimitMiddleware
 
 log = logging.getLogger("llds_rollout.app")
 # 503s are transient (loading, retriever or engine down): clients should come back, not give up.
 RETRY_AFTER = {"Retry-After": "1"}
-
-
-class BodyLimitMiddleware:
-    """413 for bodies over ``max_body_bytes``, declared or streamed (chunked), before any parsing."""
-
-    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
-        self.app = app
-        self.limit = max_body_bytes
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        declared = dict(scope["headers"]).get(b"content-length")
-        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
-            detail = f"request body of {declared.decode(errors='replace')} bytes exceeds the {self.limit}-byte limit"
-            await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
-            return
-        seen = 0
-
-        async def limited_receive() -> Message:
-            nonlocal seen
-            msg = await receive()
-            if msg["type"] == "http.request":
-                seen += len(msg.get("body", b""))
-                if seen > self.limit:
-                    raise HTTPException(413, f"request body exceeds the {self.limit}-byte limit")
-            return msg
-
-        await self.app(scope, limited_receive, send)
 
 
 class OpenAIRoutes:

@@ -293,7 +293,7 @@ def main(argv: list[str]) -> int:
 
     from transformers import AutoTokenizer
 
-    from llds_rollout.serving import BackgroundServer
+    from llds_server.http import BackgroundServer
 
     tok = AutoTokenizer.from_pretrained(str(model_dir))
     plans = make_plans(args.trajectories, args.max_turns, lo, hi, args.seed)

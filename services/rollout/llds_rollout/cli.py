@@ -18,7 +18,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from llds_proto.settings import ConfigError
+from llds_server.settings import ConfigError
 
 
 def _settings(args: argparse.Namespace, **extra: Any):  # type: ignore[no-untyped-def]
@@ -83,8 +83,15 @@ def serve_main(argv: list[str]) -> int:
     import uvicorn
 
     from llds_rollout.app import create_app
+    from llds_server.logs import uvicorn_log_config
 
-    uvicorn.run(create_app(settings), host=settings.host, port=settings.port, log_level="info")
+    uvicorn.run(
+        create_app(settings),
+        host=settings.host,
+        port=settings.port,
+        log_level="info",
+        log_config=uvicorn_log_config(),
+    )
     return 0
 
 

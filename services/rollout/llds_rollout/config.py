@@ -9,8 +9,8 @@ from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.reward import RewardKind
-from llds_proto.settings import ServiceSettings
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
+from llds_server.settings import ServiceSettings
 
 
 class EngineSettings(BaseModel):

@@ -16,14 +16,12 @@ import logging
 import os
 import signal
 import sys
-import threading
-import time
 import tomllib
 from typing import Any
 
 from pydantic import ValidationError
 
-from llds_proto.settings import ConfigError
+from llds_server.settings import ConfigError
 from llds_trainer.config import ADMIN_TOKEN_ENV, TrainerConfig
 
 log = logging.getLogger("llds.trainer")
@@ -98,23 +96,16 @@ def run_main(argv: list[str]) -> int:
     if token is None:
         log.warning("%s is not set: weight-update notices will be rejected by the rollout", ADMIN_TOKEN_ENV)
 
-    import uvicorn
-
+    from llds_server.http import BackgroundServer
     from llds_trainer.app import create_app
     from llds_trainer.service import TrainerService
 
     service = TrainerService(cfg, admin_token=token)
     server = None
     if rank == 0:
-        server = uvicorn.Server(
-            uvicorn.Config(create_app(service), host=cfg.host, port=cfg.port, log_level="warning")
-        )
-        http = threading.Thread(target=server.run, name="trainer-http", daemon=True)
-        http.start()
-        deadline = time.monotonic() + 30
-        while not server.started and http.is_alive() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        if not server.started:
+        try:
+            server = BackgroundServer(create_app(service), host=cfg.host, port=cfg.port).start()
+        except RuntimeError:
             print(f"llds trainer: cannot serve HTTP on {cfg.host}:{cfg.port} (port in use?)", file=sys.stderr)
             return 1
 
@@ -137,7 +128,7 @@ def run_main(argv: list[str]) -> int:
     finally:
         service.close_writers()
         if server is not None:
-            server.should_exit = True
+            server.stop()
         if service.trainer is not None:
             service.trainer.dist.close()
     return rc

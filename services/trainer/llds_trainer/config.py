@@ -11,8 +11,8 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
-from llds_proto.settings import ServiceSettings
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
+from llds_server.settings import ServiceSettings
 
 ADMIN_TOKEN_ENV = "LLDS_ADMIN_TOKEN"
 """Environment variable holding the bearer token of the rollout's admin routes."""

@@ -11,7 +11,6 @@ from __future__ import annotations
 import math
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import threading
@@ -23,7 +22,6 @@ from typing import Any
 
 import httpx
 import pytest
-import uvicorn
 from fastapi import FastAPI, Query
 from fastapi.responses import Response
 from prometheus_client import (
@@ -34,6 +32,8 @@ from prometheus_client import (
     Histogram,
     generate_latest,
 )
+
+from llds_server.http import BackgroundServer, free_port
 
 # Reads every panel's latest values (legend data-value), its oldest buffered ones (data-first), point
 # count and last x; the health strip; the header.
@@ -119,12 +119,6 @@ def wait_page(driver: Any, cond: Callable[[dict[str, Any]], bool], timeout: floa
     raise AssertionError(f"page never satisfied the condition; last reading: {page}")
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @contextmanager
 def dashboard(urls: dict[str, str], poll_interval: float = 0.3, extra: tuple[str, ...] = ()) -> Iterator[str]:
     """``llds dashboard serve`` as a subprocess polling ``urls``; yields its base URL once healthy."""
@@ -157,23 +151,6 @@ def dashboard(urls: dict[str, str], poll_interval: float = 0.3, extra: tuple[str
             proc.wait()
 
 
-def serve_in_thread(app: Any) -> tuple[uvicorn.Server, threading.Thread, str]:
-    """Serve ``app`` on a free loopback port; returns (server, thread, base URL) once it listens."""
-    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind(("127.0.0.1", 0))
-    port = sock.getsockname()[1]
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="off"))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 10
-    while not server.started:
-        if time.monotonic() > deadline:
-            raise RuntimeError("fake service did not start")
-        time.sleep(0.01)
-    return server, thread, f"http://127.0.0.1:{port}"
-
-
 def _app(name: str, registry: CollectorRegistry, health: dict[str, Any]) -> FastAPI:
     app = FastAPI()
 
@@ -203,7 +180,7 @@ class FakeSystem:
         self.ticks = 0
         self.version = 0
         self._stop = threading.Event()
-        self._servers: list[tuple[uvicorn.Server, threading.Thread]] = []
+        self._servers: list[BackgroundServer] = []
         self.urls: dict[str, str] = {}
 
         r = self.r_retriever = CollectorRegistry()
@@ -290,15 +267,13 @@ class FakeSystem:
             "trainer": self._trainer_app(),
         }
         for name, app in apps.items():
-            server, thread, url = serve_in_thread(app)
-            self._servers.append((server, thread))
-            self.urls[name] = url
+            server = BackgroundServer(app).start()
+            self._servers.append(server)
+            self.urls[name] = server.url
         threading.Thread(target=self._run_ticker, daemon=True, name="fake-ticker").start()
         return self
 
     def stop(self) -> None:
         self._stop.set()
-        for server, _ in self._servers:
-            server.should_exit = True
-        for _, thread in self._servers:
-            thread.join(timeout=5)
+        for server in self._servers:
+            server.stop(timeout_s=5)

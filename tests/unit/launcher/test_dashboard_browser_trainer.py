@@ -19,7 +19,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from dashboard_testkit import artifacts_dir, chrome, dashboard, free_port, wait_page
+from dashboard_testkit import artifacts_dir, chrome, dashboard, wait_page
+
+from llds_server.http import free_port
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 STEPS = 3

@@ -43,7 +43,7 @@ def test_up_stops_early_when_the_rollout_needs_vllm_and_none_is_there(
 ) -> None:
     from llds import cli
     from llds.up import Up, UpConfig
-    from llds_proto.settings import ConfigError
+    from llds_server.settings import ConfigError
 
     monkeypatch.setattr(cli, "vllm_python", lambda: None)
     up = Up(UpConfig(preset="tiny", run_dir=tmp_path))

@@ -159,6 +159,10 @@ def test_body_over_limit_is_413_declared_or_chunked(client: TestClient) -> None:
 
     r = client.post("/retrieve", content=chunks(), headers={"content-type": "application/json"})
     assert r.status_code == 413
+    # the accounting sits outside the limit: both refusals are counted
+    registry = client.app.state.metrics.registry  # type: ignore[attr-defined]
+    assert registry.get_sample_value("llds_retriever_requests_total", {"status": "413"}) == 2
+    assert registry.get_sample_value("llds_retriever_errors_total", {"cause": "body_too_large"}) == 2
 
 
 def test_cache_answers_repeats_without_the_backend(client: TestClient) -> None:

@@ -11,7 +11,7 @@ import pytest
 
 from llds_rollout.bench import Plan, Workload, ideal_speedup, make_plans, retriever_app, tok_s_at
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
-from llds_rollout.serving import BackgroundServer
+from llds_server.http import BackgroundServer
 
 
 class FakeEngine:

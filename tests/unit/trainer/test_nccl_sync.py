@@ -28,7 +28,7 @@ from llds_proto import streams
 from llds_rollout.app import create_app
 from llds_rollout.config import EngineSettings, RolloutSettings
 from llds_rollout.engine.base import Engine
-from llds_rollout.serving import BackgroundServer, free_port
+from llds_server.http import BackgroundServer, free_port
 from llds_trainer.config import TrainerConfig
 from llds_trainer.nccl_sync import NCCLSyncError, ReplicaSyncClient, published_state, require_nccl
 from llds_trainer.publish import NotifyResult, publish_folder

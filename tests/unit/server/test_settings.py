@@ -6,7 +6,7 @@ import pytest
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from llds_proto.settings import ConfigError, ServiceSettings
+from llds_server.settings import ConfigError, ServiceSettings
 
 
 class _Cfg(ServiceSettings):

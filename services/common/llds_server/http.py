@@ -1,0 +1,113 @@
+"""HTTP plumbing shared by the services: a body-size limit, uvicorn on a background thread, free ports."""
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+from typing import Any
+
+import uvicorn
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """An unused TCP port on ``host``."""
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])
+
+
+class _BodyTooLarge(HTTPException):
+    """Raised from ``receive`` once a streamed body passes the limit (FastAPI answers it as a 413)."""
+
+
+class BodyLimitMiddleware:
+    """413 for bodies over ``max_body_bytes``, declared or streamed (chunked), before any parsing."""
+
+    def __init__(self, app: ASGIApp, max_body_bytes: int) -> None:
+        self.app = app
+        self.limit = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        declared = dict(scope["headers"]).get(b"content-length")
+        if declared is not None and (not declared.isdigit() or int(declared) > self.limit):
+            detail = f"request body of {declared.decode(errors='replace')} bytes exceeds the {self.limit}-byte limit"
+            await JSONResponse({"detail": detail}, status_code=413)(scope, receive, send)
+            return
+        seen = 0
+        started = False
+
+        async def limited_receive() -> Message:
+            nonlocal seen
+            msg = await receive()
+            if msg["type"] == "http.request":
+                seen += len(msg.get("body", b""))
+                if seen > self.limit:
+                    raise _BodyTooLarge(413, f"request body exceeds the {self.limit}-byte limit")
+            return msg
+
+        async def tracked_send(msg: Message) -> None:
+            nonlocal started
+            started = started or msg["type"] == "http.response.start"
+            await send(msg)
+
+        try:
+            await self.app(scope, limited_receive, tracked_send)
+        except _BodyTooLarge as e:  # an app without FastAPI's HTTPException handling
+            if started:
+                raise
+            await JSONResponse({"detail": e.detail}, status_code=413)(scope, receive, send)
+
+
+class BackgroundServer:
+    """``with BackgroundServer(app) as srv: httpx.get(srv.url + "/health")``.
+
+    uvicorn on a daemon thread (benchmarks and tests need servers in-process; the trainer serves
+    HTTP beside its training loop). ``port=0`` picks a free one.
+    """
+
+    def __init__(self, app: Any, host: str = "127.0.0.1", port: int = 0, log_level: str = "warning") -> None:
+        self.host = host
+        self.port = port or free_port(host)
+        self.server = uvicorn.Server(
+            uvicorn.Config(app, host=host, port=self.port, log_level=log_level, lifespan="on")
+        )
+        self.thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}", daemon=True)
+
+    def _serve(self) -> None:
+        try:
+            self.server.run()
+        except SystemExit:  # uvicorn's way to fail start-up (port taken, say); start() reports it
+            pass
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    def start(self, timeout_s: float = 30.0) -> BackgroundServer:
+        """Start serving; RuntimeError if it does not within ``timeout_s`` (port in use, say)."""
+        self.thread.start()
+        deadline = time.monotonic() + timeout_s
+        while not self.server.started:
+            if not self.thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError(f"server on {self.host}:{self.port} did not start")
+            time.sleep(0.02)
+        return self
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        """Ask uvicorn to exit and wait up to ``timeout_s`` for it."""
+        self.server.should_exit = True
+        if self.thread.is_alive():
+            self.thread.join(timeout=timeout_s)
+
+    def __enter__(self) -> BackgroundServer:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
