@@ -26,6 +26,7 @@ from llds_proto.messages import (
     WeightUpdateNotice,
     WeightUpdateResponse,
 )
+from llds_rollout.answer_admission import AnswerSaturatedError
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError
 from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
@@ -101,6 +102,12 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     async def _not_ready(_: Request, e: NotReadyError) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, status_code=503, headers=RETRY_AFTER)
 
+    @app.exception_handler(AnswerSaturatedError)
+    async def _saturated(_: Request, e: AnswerSaturatedError) -> JSONResponse:
+        return JSONResponse(
+            {"detail": str(e)}, status_code=503, headers={"Retry-After": f"{e.retry_after_s:g}"}
+        )
+
     @app.exception_handler(RetrieverError)
     async def _retriever(_: Request, e: RetrieverError) -> JSONResponse:
         return JSONResponse({"detail": f"retriever unavailable: {e}"}, status_code=503, headers=RETRY_AFTER)
@@ -144,13 +151,14 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     async def answer_stream(req: AnswerRequest) -> StreamingResponse:
         """Server-sent events: ``turn`` (an AnswerTurn) per finished turn, then ``done`` (the
         AnswerResponse) or ``error`` (``{"detail"}``) if the retriever or engine fails mid-way."""
-        service.require_ready()  # before the 200 goes out: not-ready is still a plain 503
+        # Before the 200 goes out: not ready or no slot is still a plain 503.
+        ticket = service.admit_answer()
         events: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
 
         async def run() -> None:
             try:
                 resp = await service.answer(
-                    req, on_turn=lambda t: events.put_nowait(("turn", t.model_dump_json()))
+                    req, on_turn=lambda t: events.put_nowait(("turn", t.model_dump_json())), ticket=ticket
                 )
                 events.put_nowait(("done", resp.model_dump_json()))
             except (RetrieverError, EngineError, NotReadyError) as e:
@@ -158,8 +166,13 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
             finally:
                 events.put_nowait(None)
 
+        # Started here, not in the body iterator: a client gone before the body starts would leave
+        # an iterator that never runs, and its slot taken for ever. The slot is freed when the task
+        # ends, whether it ran, failed or was cancelled before it started.
+        task = asyncio.create_task(run())
+        task.add_done_callback(lambda _: ticket.release())
+
         async def stream() -> AsyncIterator[str]:
-            task = asyncio.create_task(run())
             try:
                 while (item := await events.get()) is not None:
                     yield f"event: {item[0]}\ndata: {item[1]}\n\n"

@@ -95,6 +95,12 @@ class RolloutSettings(ServiceSettings):
     """Search-enabled turns per training trajectory before the final no-search turn."""
     answer_max_turns: int = Field(default=4, ge=0, le=16)
     """Search-enabled turns for ``/answer`` when the request does not say."""
+    answer_max_in_flight: int = Field(default=16, ge=1)
+    """``/answer`` requests (plain and streamed) running at once; more wait in the answer queue."""
+    answer_max_queued: int = Field(default=64, ge=0)
+    """``/answer`` requests waiting for a running slot; beyond it requests get 503 with Retry-After."""
+    answer_retry_after_s: float = Field(default=1.0, gt=0)
+    """Retry-After seconds sent with the 503 of a full answer queue."""
     max_tokens_per_turn: int = Field(default=500, ge=1, le=32768)
     """Generated tokens per assistant turn."""
     max_context_tokens: int = Field(default=4096, ge=64)

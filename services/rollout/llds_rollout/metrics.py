@@ -115,6 +115,25 @@ class RolloutMetrics:
             buckets=(0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
             registry=r,
         )
+        self.answers_in_flight = Gauge(
+            "llds_rollout_answers_in_flight", "/answer requests running (answer_max_in_flight)", registry=r
+        )
+        self.answers_queued = Gauge(
+            "llds_rollout_answers_queued",
+            "/answer requests waiting for a slot (answer_max_queued)",
+            registry=r,
+        )
+        self.answers_rejected = Counter(
+            "llds_rollout_answers_rejected_total",
+            "/answer requests refused with 503 because running and queued slots were full",
+            registry=r,
+        )
+        self.answer_queue_wait = Histogram(
+            "llds_rollout_answer_queue_seconds",
+            "Time an /answer request waited for a running slot",
+            buckets=(0.01, 0.1, 0.5, 1, 2.5, 5, 10, 30, 60),
+            registry=r,
+        )
 
     def observe_episode(self, ep: Episode, kind: str) -> None:
         """Count one finished conversation (``kind`` is ``train`` or ``answer``)."""

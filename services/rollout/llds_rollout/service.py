@@ -25,6 +25,7 @@ from llds_proto.messages import (
 )
 from llds_proto.streams import RunKeys
 from llds_rollout.agent import LoopSettings, run_episode
+from llds_rollout.answer_admission import AnswerAdmission, AnswerSaturatedError, AnswerTicket
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError, WeightLoadError, build_engine
 from llds_rollout.engine.transfer import CollectiveReceiver, WeightTransferError, collective_receiver
@@ -100,6 +101,11 @@ class RolloutService:
         self._tasks: list[asyncio.Task[Any]] = []
         self._swap_lock = asyncio.Lock()
         self._gate = _AnswerGate()
+        self.answer_admission = AnswerAdmission(
+            settings.answer_max_in_flight, settings.answer_max_queued, settings.answer_retry_after_s
+        )
+        self.metrics.answers_in_flight.set_function(lambda: self.answer_admission.in_flight)
+        self.metrics.answers_queued.set_function(lambda: self.answer_admission.queued)
         self.name, self.url = settings.replica()
         self.keys = RunKeys(settings.run_id)
         self._catch_up_skip_logged = False
@@ -260,13 +266,38 @@ class RolloutService:
         if not self.engine.ready or self.tokenizer is None or self.searcher is None:
             raise NotReadyError("model is still loading")
 
+    def admit_answer(self) -> AnswerTicket:
+        """A slot (running or queued) for one ``/answer``; :class:`NotReadyError` or
+        :class:`AnswerSaturatedError` (both 503 at the edge) when there is none."""
+        self.require_ready()
+        try:
+            return self.answer_admission.admit()
+        except AnswerSaturatedError:
+            self.metrics.answers_rejected.inc()
+            raise
+
     async def answer(
-        self, req: AnswerRequest, on_turn: Callable[[AnswerTurn], None] | None = None
+        self,
+        req: AnswerRequest,
+        on_turn: Callable[[AnswerTurn], None] | None = None,
+        ticket: AnswerTicket | None = None,
     ) -> AnswerResponse:
         """Greedy search-agent answer; :class:`RetrieverError`/:class:`EngineError` -> 503 at the edge.
 
-        ``on_turn`` sees each turn as it finishes (the streaming route uses it).
+        ``on_turn`` sees each turn as it finishes (the streaming route uses it). ``ticket``: the
+        request's admission (:meth:`admit_answer`), taken here when not given.
         """
+        ticket = ticket or self.admit_answer()
+        try:
+            await ticket.wait()
+            self.metrics.answer_queue_wait.observe(ticket.queued_s)
+            return await self._answer(req, on_turn)
+        finally:
+            ticket.release()
+
+    async def _answer(
+        self, req: AnswerRequest, on_turn: Callable[[AnswerTurn], None] | None
+    ) -> AnswerResponse:
         self.require_ready()
         assert self.searcher is not None
         t0 = time.perf_counter()
