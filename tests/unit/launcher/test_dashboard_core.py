@@ -8,19 +8,17 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llds.dashboard import (
-    PANELS,
-    LogTail,
+from llds.dashboard.panels import PANELS, layout
+from llds.dashboard.poller import LogTail
+from llds.dashboard.scrape import (
     MetricsParseError,
-    Store,
     derive,
-    finite,
     histogram_quantile,
-    layout,
     metric_family,
     parse_metrics,
     series_key,
 )
+from llds.dashboard.store import Store, finite
 
 
 def _registry() -> tuple[CollectorRegistry, Counter, Gauge, Histogram]:

@@ -1,12 +1,14 @@
 """The dashboard's named panels find what the real services export (their metrics classes, no servers).
 
 If a service renames a metric or a step-record key, this fails and names the panel left empty: align
-``llds.dashboard.PANELS`` (alternative names ``a|b`` are allowed) or the service.
+``llds.dashboard.panels.PANELS`` (alternative names ``a|b`` are allowed) or the service.
 """
 
 from __future__ import annotations
 
-from llds.dashboard import Store, layout, parse_metrics
+from llds.dashboard.panels import layout
+from llds.dashboard.scrape import parse_metrics
+from llds.dashboard.store import Store
 
 # The step record below is built from the trainer's GAUGES map, which has no weights version (the
 # real record has `weights/version`; the trainer-backed browser test sees it).

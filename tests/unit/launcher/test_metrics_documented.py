@@ -45,7 +45,7 @@ def _registry(service: str):  # type: ignore[no-untyped-def]
         from llds_trainer.metrics import TrainerMetrics
 
         return TrainerMetrics().registry
-    from llds.dashboard import DashboardMetrics
+    from llds.dashboard.metrics import DashboardMetrics
 
     return DashboardMetrics().registry
 
