@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from llds.dashboard.scrape import metric_family
+from llds_proto import steplog as K
 
 Source = Literal["history", "metrics"]
 
@@ -31,42 +32,35 @@ class Panel:
 
 H: Source = "history"
 M: Source = "metrics"
-# A series spec "a|b" names one signal by alternative names (the spec's and the services' own);
-# whichever exists is drawn. Each panel lists the names in the issue first, then what the services
-# export today.
+# History series are the trainer's step-record keys (llds_proto.steplog); metric series are sample
+# keys of the services' Prometheus families as scrape.derive names them (rate:, mean:, p95:).
 PANELS: tuple[Panel, ...] = (
-    Panel("reward", "Reward and exact match", H, ("reward/mean", "reward/exact_match"), "Reward"),
-    Panel("lld_alarm", "LLD alarm (0 ok, 1 warning, 2 alarm)", H, ("lld/alarm",), "Reward", stepped=True,
+    Panel("reward", "Reward and exact match", H, (K.REWARD_MEAN, K.REWARD_EXACT_MATCH), "Reward"),
+    Panel("lld_alarm", "LLD alarm (0 ok, 1 warning, 2 alarm)", H, (K.LLD_ALARM,), "Reward", stepped=True,
           y_range=(0, 2)),
-    Panel("loss_llds", "LLDS term", H, ("loss/llds|lld/llds_term",), "Reward"),
-    Panel("llds_lambda", "LLDS lambda and alarm actions (1 = the alarm acted)", H, ("llds/lambda", "lld/action"),
+    Panel("loss_llds", "LLDS term", H, (K.LOSS_LLDS,), "Reward"),
+    Panel("llds_lambda", "LLDS lambda and alarm actions (1 = the alarm acted)", H, (K.LLDS_LAMBDA, K.LLD_ACTION),
           "Reward", stepped=True),
-    Panel("loss", "Losses", H, ("loss/total", "loss/policy", "loss/kl"), "Reward"),
+    Panel("loss", "Losses", H, (K.LOSS_TOTAL, K.LOSS_POLICY, K.LOSS_KL), "Reward"),
     Panel("lld_logp", "Log-likelihood per token (correct, first / later actions, incorrect)", H,
-          ("lld/correct_logp_mean|lld/correct_logp_token", "lld/first_action_logp", "lld/later_action_logp",
-           "lld/incorrect_logp_token"), "LLD signals"),
-    Panel("lld_slope", "Correct log-likelihood slope", H, ("lld/correct_logp_slope",), "LLD signals"),
-    Panel("lld_displaced", "Fraction displaced (fell) and LLDS-gated", H,
-          ("lld/displaced_frac_responses|lld/fell_fraction_responses",
-           "lld/displaced_frac_actions|lld/fell_fraction_actions", "llds/gated_frac|llds/gated_fraction"),
+          (K.LLD_CORRECT_LOGP_TOKEN, K.LLD_FIRST_ACTION_LOGP, K.LLD_LATER_ACTION_LOGP, K.LLD_INCORRECT_LOGP_TOKEN),
           "LLD signals"),
+    Panel("lld_slope", "Correct log-likelihood slope", H, (K.LLD_CORRECT_LOGP_SLOPE,), "LLD signals"),
+    Panel("lld_displaced", "Fraction displaced (fell) and LLDS-gated", H,
+          (K.LLD_FELL_FRACTION_RESPONSES, K.LLD_FELL_FRACTION_ACTIONS, K.LLDS_GATED_FRACTION), "LLD signals"),
     Panel("lld_displacement", "Intra-step displacement (sum of logp change)", H,
-          ("lld/displacement_mean", "lld/first_action_displacement", "lld/later_action_displacement"), "LLD signals"),
-    Panel("lld_gap", "Correct - incorrect log-likelihood gap", H, ("lld/correct_incorrect_gap",), "LLD signals"),
-    Panel("entropy", "Token entropy", H, ("actor/entropy",), "Policy"),
-    Panel("grad_norm", "Gradient norm (pre-clip)", H, ("actor/grad_norm", "actor/grad_norm_max"), "Policy"),
-    Panel("clip_frac", "Clip fraction and max ratio", H, ("actor/clip_frac", "actor/ratio_max"), "Policy"),
-    Panel("response_length", "Response length (tokens)", H,
-          ("response/length_mean|rollout/response_len_mean",), "Policy"),
-    Panel("turns", "Turns and valid searches", H,
-          ("response/turns_mean|rollout/turns_mean", "response/valid_searches_mean|rollout/valid_searches_mean"),
-          "Policy"),
-    Panel("weights_step", "Weights version per step", H, ("weights/version",), "Policy", stepped=True),
+          (K.LLD_DISPLACEMENT_MEAN, K.LLD_FIRST_ACTION_DISPLACEMENT, K.LLD_LATER_ACTION_DISPLACEMENT), "LLD signals"),
+    Panel("lld_gap", "Correct - incorrect log-likelihood gap", H, (K.LLD_CORRECT_INCORRECT_GAP,), "LLD signals"),
+    Panel("entropy", "Token entropy", H, (K.ACTOR_ENTROPY,), "Policy"),
+    Panel("grad_norm", "Gradient norm (pre-clip)", H, (K.ACTOR_GRAD_NORM, K.ACTOR_GRAD_NORM_MAX), "Policy"),
+    Panel("clip_frac", "Clip fraction and max ratio", H, (K.ACTOR_CLIP_FRAC, K.ACTOR_RATIO_MAX), "Policy"),
+    Panel("response_length", "Response length (tokens)", H, (K.ROLLOUT_RESPONSE_LEN_MEAN,), "Policy"),
+    Panel("turns", "Turns and valid searches", H, (K.ROLLOUT_TURNS_MEAN, K.ROLLOUT_VALID_SEARCHES_MEAN), "Policy"),
+    Panel("weights_step", "Weights version per step", H, (K.WEIGHTS_VERSION,), "Policy", stepped=True),
     Panel("queue", "Stream length and consumer lag (entries)", M,
           ("llds_trainer_stream_length_entries", "llds_trainer_consumer_lag_entries", "llds_rollout_redis_buffer_groups"), "System"),
     Panel("staleness", "Groups dropped (stale)", M,
-          ("rate:llds_rollout_staleness_dropped_total|rate:llds_rollout_stale_groups_dropped_total",
-           "rate:llds_trainer_groups_dropped_total"), "System", "/s"),
+          ("rate:llds_rollout_stale_groups_dropped_total", "rate:llds_trainer_groups_dropped_total"), "System", "/s"),
     Panel("tokens", "Tokens/s (generated, trained)", M,
           ("rate:llds_rollout_generated_tokens_total", "llds_trainer_train_tokens_per_second"), "System", "/s"),
     Panel("trajectories", "Trajectories/s (generated, trained)", M,
@@ -79,23 +73,18 @@ PANELS: tuple[Panel, ...] = (
     Panel("weights", "Weights version (trainer, rollout)", M,
           ("llds_trainer_weights_version", "llds_rollout_weights_version", "llds_rollout_trainer_version"),
           "System", stepped=True),
-    Panel("swaps", "Weight swaps/s", M,
-          ("rate:llds_rollout_weight_swaps_total|rate:llds_rollout_weight_swap_seconds_count",), "System", "/s"),
+    Panel("swaps", "Weight swaps/s", M, ("rate:llds_rollout_weight_swap_seconds_count",), "System", "/s"),
     Panel("swap_time", "Weight swap time", M, ("mean:llds_rollout_weight_swap_seconds",), "System", "s"),
     Panel("trainer_step", "Trainer step", M, ("llds_trainer_step",), "System", stepped=True),
 )  # fmt: skip
 TRAINER_GAUGES_SECTION = "Trainer gauges (the last step's values, as Prometheus sees them)"
-# History keys that are bookkeeping, not signals.
-HIDDEN_HISTORY = {"step", "time/unix"}
+HIDDEN_HISTORY = {K.STEP, K.TIME_UNIX, K.LLD_LLDS_TERM}
+"""History keys no panel draws: bookkeeping, and the trainer's copy of ``loss/llds`` (drawn as that)."""
 
 
-def _matches(spec: str, keys: Iterable[str]) -> list[str]:
-    """Keys that ``spec`` names: the first alternative that exists (labelled variants included)."""
-    for alt in spec.split("|"):
-        found = sorted(k for k in keys if k == alt or k.startswith(alt + "{"))
-        if found:
-            return found
-    return []
+def _matches(series: str, keys: Iterable[str]) -> list[str]:
+    """Keys that ``series`` names: itself and its labelled variants."""
+    return sorted(k for k in keys if k == series or k.startswith(series + "{"))
 
 
 def layout(metric_keys: Iterable[str], history_keys: Iterable[str]) -> list[dict[str, Any]]:
@@ -109,16 +98,15 @@ def layout(metric_keys: Iterable[str], history_keys: Iterable[str]) -> list[dict
         keys = hkeys if p.source == H else mkeys
         present: list[str] = []
         missing: list[str] = []
-        for spec in p.series:
-            found = _matches(spec, keys)
+        for series in p.series:
+            found = _matches(series, keys)
             present.extend(found)
             if not found:
-                missing.append(spec.split("|")[0])
-            for alt in spec.split("|"):
-                if p.source == H:
-                    claimed_h.add(alt)
-                else:
-                    claimed_m.add(metric_family(alt))
+                missing.append(series)
+            if p.source == H:
+                claimed_h.add(series)
+            else:
+                claimed_m.add(metric_family(series))
         panels.append({"id": p.id, "title": p.title, "source": p.source, "section": p.section, "unit": p.unit,
                        "stepped": p.stepped, "series": present, "missing": missing, "known": True,
                        "collapsed": False, "y_range": p.y_range})  # fmt: skip

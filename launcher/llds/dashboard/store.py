@@ -13,6 +13,7 @@ from typing import Any
 
 from llds.dashboard.panels import layout
 from llds.dashboard.scrape import Scrape, derive, metric_family
+from llds_proto import steplog as K
 
 
 def now() -> float:
@@ -96,13 +97,13 @@ class Store:
         for rec in records:
             if not isinstance(rec, dict):
                 continue
-            step = rec.get("step")
+            step = rec.get(K.STEP)
             if isinstance(step, int | float) and not isinstance(step, bool):
                 if self.last_step is not None and step <= self.last_step:
                     continue
                 self.last_step = int(step)
             else:
-                rec = {**rec, "step": self.history_total}
+                rec = {**rec, K.STEP: self.history_total}
             rec = finite(rec)
             self.history.append(rec)
             self.history_total += 1
@@ -130,7 +131,7 @@ class Store:
             list(itertools.islice(self.history, start, None)) if history_since < self.history_total else []
         )
         latest_rec = self.history[-1] if self.history else {}
-        alarm = latest_rec.get("lld/alarm")
+        alarm = latest_rec.get(K.LLD_ALARM)
         return {
             "boot_id": self.boot_id,
             "now": now(),

@@ -1,4 +1,4 @@
-"""Every step-record key the launcher reads (``llds report``, ``llds experiment``) and
+"""Every step-record key the launcher reads (dashboard panels, ``llds report``, ``llds experiment``) and
 every key the trainer exports as a gauge is one ``llds_proto.steplog`` defines: a key renamed on one
 side only fails here, not as an empty chart."""
 
@@ -7,10 +7,12 @@ from __future__ import annotations
 import pytest
 
 from llds import experiment, report
+from llds.dashboard.panels import HIDDEN_HISTORY, PANELS, H
 from llds_proto import steplog
 from llds_trainer.metrics import GAUGES
 
 ASKED: dict[str, set[str]] = {
+    "dashboard panels": {s for p in PANELS if p.source == H for s in p.series} | HIDDEN_HISTORY,
     "report figures": {k for fig in report.FIGURES for _, keys in fig.plots for k in keys},
     "report summary": set(report.SUMMARY_KEYS) | set(report.STEPPED),
     "experiment log and plots": set(experiment.LOG_KEYS) | {k for k, _ in experiment.SIGNALS},
