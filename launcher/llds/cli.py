@@ -34,7 +34,7 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("trainer", "run"): ("llds_trainer.cli", "run_main", "train with GRPO + LLDS from the trajectory stream"),
     ("warmstart",): ("llds_trainer.warmstart", "main", "fine-tune the policy on protocol demonstrations"),
     ("world", "build"): ("llds.world", "main", "write the synthetic world (corpus + questions)"),
-    ("dashboard", "serve"): ("llds.dashboard", "main", "serve the live training dashboard"),
+    ("dashboard", "serve"): ("llds.dashboard.cli", "main", "serve the live training dashboard"),
     ("eval",): ("llds.evaluate", "main", "evaluate a policy (exact match, F1) on a question set"),
     ("report",): ("llds.report", "main", "plot a run's reward and LLD signals"),
     ("experiment", "lld"): (

@@ -21,6 +21,8 @@ from typing import Any, TextIO
 import httpx
 from prometheus_client.parser import text_string_to_metric_families
 
+from llds_proto import steplog as K
+
 ALARM_NAMES = {0.0: "ok", 1.0: "warning", 2.0: "alarm"}
 """``lld/alarm`` levels of the step log (the LLD monitor's states)."""
 
@@ -101,15 +103,15 @@ def step_line(rec: dict[str, Any], total: int, swap_s: float | None, stale: floa
     """The console line of one step record (``swap_s``: mean seconds of the swaps since the last
     line, None when there was none; ``stale``: stale groups dropped so far)."""
     width = len(str(total)) if total else 3
-    step = int(rec["step"])
+    step = int(rec[K.STEP])
     of = f"/{total} {progress_bar(step, total)}" if total else ""
-    alarm = ALARM_NAMES.get(float(rec.get("lld/alarm", 0.0)), str(rec.get("lld/alarm")))
+    alarm = ALARM_NAMES.get(float(rec.get(K.LLD_ALARM, 0.0)), str(rec.get(K.LLD_ALARM)))
     swap = f"{swap_s:.2f} s" if swap_s is not None else "-"
     drops = f"{stale:.0f}" if stale is not None else "-"
     return (
-        f"step {step:>{width}}{of}  reward {_num(rec, 'reward/mean', '.3f')}"
-        f"  EM {_num(rec, 'reward/exact_match', '.3f')}  llds {_num(rec, 'loss/llds', '.5f')}"
-        f"  alarm {alarm:<7}  swap {swap}  stale {drops}  {_num(rec, 'perf/step_s', '.1f')} s/step"
+        f"step {step:>{width}}{of}  reward {_num(rec, K.REWARD_MEAN, '.3f')}"
+        f"  EM {_num(rec, K.REWARD_EXACT_MATCH, '.3f')}  llds {_num(rec, K.LOSS_LLDS, '.5f')}"
+        f"  alarm {alarm:<7}  swap {swap}  stale {drops}  {_num(rec, K.PERF_STEP_S, '.1f')} s/step"
     )
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 import tomli_w
 
+from llds_proto import steplog as K
+
 ROOT = Path(__file__).resolve().parents[2]
 
 ARMS: dict[str, dict[str, object]] = {
@@ -40,18 +42,18 @@ STUDY_KEYS = ("preset", "steps", "eval_limit", "seeds", "arms", "stop_dead")
 """What OUT/study.json records of the command, so --report-only can state it."""
 
 SIGNALS = [
-    ("reward/mean", "training reward (mean)"),
-    ("reward/exact_match", "training exact match"),
-    ("lld/correct_logp_token", "log-likelihood of correct responses (per token)"),
-    ("lld/fell_fraction_responses", "fraction of correct responses whose likelihood fell"),
-    ("actor/entropy", "token entropy"),
-    ("actor/grad_norm", "gradient norm (pre-clip)"),
-    ("loss/llds", "LLDS term"),
-    ("lld/alarm", "LLD alarm (0 ok, 1 warning, 2 alarm)"),
+    (K.REWARD_MEAN, "training reward (mean)"),
+    (K.REWARD_EXACT_MATCH, "training exact match"),
+    (K.LLD_CORRECT_LOGP_TOKEN, "log-likelihood of correct responses (per token)"),
+    (K.LLD_FELL_FRACTION_RESPONSES, "fraction of correct responses whose likelihood fell"),
+    (K.ACTOR_ENTROPY, "token entropy"),
+    (K.ACTOR_GRAD_NORM, "gradient norm (pre-clip)"),
+    (K.LOSS_LLDS, "LLDS term"),
+    (K.LLD_ALARM, "LLD alarm (0 ok, 1 warning, 2 alarm)"),
 ]
 """Signals plotted, one figure each."""
-LOG_KEYS = ["step", *(k for k, _ in SIGNALS), "lld/action", "llds/lambda", "rollout/valid_searches_mean",
-            "perf/step_s", "time/unix"]  # fmt: skip
+LOG_KEYS = [K.STEP, *(k for k, _ in SIGNALS), K.LLD_ACTION, K.LLDS_LAMBDA, K.ROLLOUT_VALID_SEARCHES_MEAN,
+            K.PERF_STEP_S, K.TIME_UNIX]  # fmt: skip
 """Keys kept in a run's compact log (OUT/logs/*.jsonl)."""
 
 COLLAPSE_WINDOW = 10
@@ -131,13 +133,13 @@ def logp_turn_step(logps: list[float | None], window: int = COLLAPSE_WINDOW) -> 
 
 def _first(log: list[dict[str, Any]], key: str, at_least: float) -> int | None:
     return next(
-        (int(r["step"]) for r in log if isinstance(r.get(key), int | float) and r[key] >= at_least), None
+        (int(r[K.STEP]) for r in log if isinstance(r.get(key), int | float) and r[key] >= at_least), None
     )
 
 
 def summarize(arm: str, seed: int, log: list[dict[str, Any]]) -> dict[str, Any]:
     """The per-run figures of the report, from its step log alone."""
-    rewards = _series(log, "reward/mean")
+    rewards = _series(log, K.REWARD_MEAN)
     vals = [v for v in rewards if v is not None]
     tenth = max(1, len(vals) // 10)
     return {
@@ -150,12 +152,12 @@ def summarize(arm: str, seed: int, log: list[dict[str, Any]]) -> dict[str, Any]:
             (v for v in moving_average(rewards, COLLAPSE_WINDOW) if v is not None), default=None
         ),
         "collapse_step": collapse_step(rewards),
-        "logp_turn_step": logp_turn_step(_series(log, "lld/correct_logp_token")),
-        "logp_slope": _slope(_series(log, "lld/correct_logp_token")),
-        "first_warning_step": _first(log, "lld/alarm", 1),
-        "first_action_step": _first(log, "lld/action", 1),
+        "logp_turn_step": logp_turn_step(_series(log, K.LLD_CORRECT_LOGP_TOKEN)),
+        "logp_slope": _slope(_series(log, K.LLD_CORRECT_LOGP_TOKEN)),
+        "first_warning_step": _first(log, K.LLD_ALARM, 1),
+        "first_action_step": _first(log, K.LLD_ACTION, 1),
         "step_s_median": statistics.median(t)
-        if (t := [v for v in _series(log, "perf/step_s") if v])
+        if (t := [v for v in _series(log, K.PERF_STEP_S) if v])
         else None,
     }
 
@@ -188,7 +190,7 @@ def preset_config(preset: str, kind: str) -> dict[str, Any]:
 def dead(log: list[dict[str, Any]], n: int) -> bool:
     """The last ``n`` steps all had zero reward: zero advantage everywhere, so no gradient can revive
     the policy (what ``--stop-dead`` stops a run on)."""
-    tail = _series(log[-n:], "reward/mean") if n > 0 else []
+    tail = _series(log[-n:], K.REWARD_MEAN) if n > 0 else []
     return len(tail) == n > 0 and all(v == 0 for v in tail)
 
 
@@ -222,7 +224,7 @@ def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float 
             except subprocess.TimeoutExpired:
                 log = _read_log(run)
                 if stop_dead and stopped is None and dead(log, stop_dead):
-                    stopped = int(log[-1]["step"])
+                    stopped = int(log[-1][K.STEP])
                     print(f"== dead for {stop_dead} steps at step {stopped}: stopping the run", flush=True)
                     proc.send_signal(signal.SIGINT)
     except KeyboardInterrupt:
@@ -238,7 +240,7 @@ def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float 
         raise
     if code != 0:
         raise RuntimeError(f"llds up failed with exit code {code} (logs in {run / 'logs'})")
-    last = max((int(r["step"]) for r in _read_log(run)), default=0)
+    last = max((int(r[K.STEP]) for r in _read_log(run)), default=0)
     if stopped is None and last < steps:
         raise Interrupted(f"{run} stopped at step {last} of {steps}; continue it with --resume")
     return stopped
@@ -323,6 +325,11 @@ def load_logs(out: Path, results: list[dict[str, Any]]) -> dict[str, list[dict[s
     return logs
 
 
+def plot_stem(key: str) -> str:
+    """File name (without ``.png``) of a signal's figure: ``reward/mean`` -> ``reward_mean``."""
+    return key.replace("/", "_")
+
+
 def plot(results: list[dict[str, Any]], logs: dict[str, list[dict[str, Any]]], out: Path) -> list[Path]:
     """One figure per signal: every run thin, each arm's mean over its seeds bold."""
     import matplotlib
@@ -360,7 +367,7 @@ def plot(results: list[dict[str, Any]], logs: dict[str, list[dict[str, Any]]], o
         ax.set_xlabel("RL step")
         ax.legend(fontsize=7)
         fig.tight_layout()
-        p = out / (key.replace("/", "_") + ".png")
+        p = out / f"{plot_stem(key)}.png"
         fig.savefig(p, dpi=110)
         plt.close(fig)
         paths.append(p)
@@ -536,8 +543,8 @@ def search_main(argv: list[str] | None = None) -> int:
     if not results:
         p.error(f"no finished setting in {args.out}")
     logs = load_logs(args.out, results)
-    plots = [x for x in plot(results, logs, args.out) if x.stem in ("reward_mean", "lld_correct_logp_token",
-                                                                     "actor_entropy")]  # fmt: skip
+    shown = {plot_stem(k) for k in (K.REWARD_MEAN, K.LLD_CORRECT_LOGP_TOKEN, K.ACTOR_ENTROPY)}
+    plots = [x for x in plot(results, logs, args.out) if x.stem in shown]
     md = ["# Collapse search", "", f"Grid: `{args.grid.name}`; command: `llds experiment search --steps "
           f"{args.steps} --stop-dead N` (N per run: last column).", "", *search_table(results),
           "", *[f"![{x.stem}]({x.name})" for x in plots], ""]  # fmt: skip

@@ -18,6 +18,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from llds_proto import steplog as K
+
 LOG_NAMES = ("train_log.jsonl", "trainer/train_log.jsonl")
 ALARM_NAMES = {0: "ok", 1: "warning", 2: "alarm"}
 
@@ -35,39 +37,36 @@ class Figure:
     plots: tuple[tuple[str, tuple[str, ...]], ...]
 
 
-# "a|b": one signal under alternative names (the issue's and the trainer's own); the first with data wins.
 FIGURES: tuple[Figure, ...] = (
-    Figure("reward", "Reward", (("Reward and exact match", ("reward/mean", "reward/exact_match")),)),
+    Figure("reward", "Reward", (("Reward and exact match", (K.REWARD_MEAN, K.REWARD_EXACT_MATCH)),)),
     Figure("lld", "Likelihood dynamics (LLD signals)", (
-        ("Log-likelihood per token", ("lld/correct_logp_mean|lld/correct_logp_token", "lld/first_action_logp",
-                                      "lld/later_action_logp", "lld/incorrect_logp_token")),
-        ("Correct log-likelihood slope", ("lld/correct_logp_slope",)),
-        ("Displaced (fell) and gated fractions", ("lld/displaced_frac_responses|lld/fell_fraction_responses",
-                                                  "lld/displaced_frac_actions|lld/fell_fraction_actions",
-                                                  "llds/gated_frac|llds/gated_fraction")),
-        ("Correct - incorrect gap", ("lld/correct_incorrect_gap",)),
-        ("LLD alarm (0 ok, 1 warning, 2 alarm)", ("lld/alarm",)),
-        ("LLDS term", ("loss/llds|lld/llds_term",)),
+        ("Log-likelihood per token", (K.LLD_CORRECT_LOGP_TOKEN, K.LLD_FIRST_ACTION_LOGP, K.LLD_LATER_ACTION_LOGP,
+                                      K.LLD_INCORRECT_LOGP_TOKEN)),
+        ("Correct log-likelihood slope", (K.LLD_CORRECT_LOGP_SLOPE,)),
+        ("Displaced (fell) and gated fractions", (K.LLD_FELL_FRACTION_RESPONSES, K.LLD_FELL_FRACTION_ACTIONS,
+                                                  K.LLDS_GATED_FRACTION)),
+        ("Correct - incorrect gap", (K.LLD_CORRECT_INCORRECT_GAP,)),
+        ("LLD alarm (0 ok, 1 warning, 2 alarm)", (K.LLD_ALARM,)),
+        ("LLDS term", (K.LOSS_LLDS,)),
     )),
     Figure("training", "Training", (
-        ("Losses", ("loss/total", "loss/policy", "loss/kl")),
-        ("Token entropy", ("actor/entropy",)),
-        ("Gradient norm (pre-clip)", ("actor/grad_norm",)),
-        ("Clip fraction", ("actor/clip_frac",)),
-        ("Response length", ("response/length_mean|rollout/response_len_mean",)),
-        ("Turns and valid searches", ("response/turns_mean|rollout/turns_mean",
-                                      "response/valid_searches_mean|rollout/valid_searches_mean")),
+        ("Losses", (K.LOSS_TOTAL, K.LOSS_POLICY, K.LOSS_KL)),
+        ("Token entropy", (K.ACTOR_ENTROPY,)),
+        ("Gradient norm (pre-clip)", (K.ACTOR_GRAD_NORM,)),
+        ("Clip fraction", (K.ACTOR_CLIP_FRAC,)),
+        ("Response length", (K.ROLLOUT_RESPONSE_LEN_MEAN,)),
+        ("Turns and valid searches", (K.ROLLOUT_TURNS_MEAN, K.ROLLOUT_VALID_SEARCHES_MEAN)),
     )),
 )  # fmt: skip
 
 SUMMARY_KEYS = (
-    "reward/mean", "reward/exact_match", "loss/llds|lld/llds_term", "lld/correct_logp_mean|lld/correct_logp_token",
-    "lld/correct_logp_slope", "lld/displaced_frac_responses|lld/fell_fraction_responses",
-    "lld/displaced_frac_actions|lld/fell_fraction_actions", "lld/correct_incorrect_gap",
-    "llds/gated_frac|llds/gated_fraction", "actor/entropy", "actor/grad_norm",
-    "response/length_mean|rollout/response_len_mean", "response/turns_mean|rollout/turns_mean",
-    "response/valid_searches_mean|rollout/valid_searches_mean",
+    K.REWARD_MEAN, K.REWARD_EXACT_MATCH, K.LOSS_LLDS, K.LLD_CORRECT_LOGP_TOKEN, K.LLD_CORRECT_LOGP_SLOPE,
+    K.LLD_FELL_FRACTION_RESPONSES, K.LLD_FELL_FRACTION_ACTIONS, K.LLD_CORRECT_INCORRECT_GAP, K.LLDS_GATED_FRACTION,
+    K.ACTOR_ENTROPY, K.ACTOR_GRAD_NORM, K.ROLLOUT_RESPONSE_LEN_MEAN, K.ROLLOUT_TURNS_MEAN,
+    K.ROLLOUT_VALID_SEARCHES_MEAN,
 )  # fmt: skip
+STEPPED = (K.LLD_ALARM, K.WEIGHTS_VERSION)
+"""Keys drawn as steps (levels, versions)."""
 
 
 def find_log(path: Path) -> Path:
@@ -112,26 +111,18 @@ def _num(v: Any) -> float | None:
     return float(v) if math.isfinite(v) else None
 
 
-def series(records: list[dict[str, Any]], spec: str) -> tuple[list[float], list[float]]:
-    """(steps, values) of one key, skipping records without a finite value; ``spec`` may name
-    alternatives ``a|b`` (the first with data is used)."""
-    return _series(records, spec)[1:]
-
-
-def _series(records: list[dict[str, Any]], spec: str) -> tuple[str, list[float], list[float]]:
-    for key in spec.split("|"):
-        xs: list[float] = []
-        ys: list[float] = []
-        for i, rec in enumerate(records):
-            y = _num(rec.get(key))
-            if y is None:
-                continue
-            x = _num(rec.get("step"))
-            xs.append(x if x is not None else float(i + 1))
-            ys.append(y)
-        if ys:
-            return key, xs, ys
-    return spec.split("|")[0], [], []
+def series(records: list[dict[str, Any]], key: str) -> tuple[list[float], list[float]]:
+    """(steps, values) of one key, skipping records without a finite value."""
+    xs: list[float] = []
+    ys: list[float] = []
+    for i, rec in enumerate(records):
+        y = _num(rec.get(key))
+        if y is None:
+            continue
+        x = _num(rec.get(K.STEP))
+        xs.append(x if x is not None else float(i + 1))
+        ys.append(y)
+    return xs, ys
 
 
 def plot_figure(fig_spec: Figure, records: list[dict[str, Any]], out: Path) -> Path | None:
@@ -149,9 +140,9 @@ def plot_figure(fig_spec: Figure, records: list[dict[str, Any]], out: Path) -> P
     rows = math.ceil(len(plots) / cols)
     fig, axes = plt.subplots(rows, cols, figsize=(6.5 * cols, 3.2 * rows), squeeze=False)
     for ax, (title, keys) in zip(axes.flat, plots, strict=False):
-        for spec in keys:
-            key, xs, ys = _series(records, spec)
-            stepped = key in ("lld/alarm", "weights/version")
+        for key in keys:
+            xs, ys = series(records, key)
+            stepped = key in STEPPED
             ax.plot(xs, ys, label=key, drawstyle="steps-post" if stepped else "default",
                     marker="o" if len(xs) < 30 else None, markersize=3)  # fmt: skip
         ax.set_title(title, fontsize=10)
@@ -178,7 +169,7 @@ def _fmt(v: float | None) -> str:
 
 def summarize(records: list[dict[str, Any]], log_path: Path, images: list[Path]) -> str:
     """The one-page Markdown summary."""
-    steps = [s for s in (_num(r.get("step")) for r in records) if s is not None]
+    steps = [s for s in (_num(r.get(K.STEP)) for r in records) if s is not None]
     lines = [
         f"# Run report: {log_path.parent.name if log_path.parent.name != 'trainer' else log_path.parent.parent.name}",
         "",
@@ -187,12 +178,12 @@ def summarize(records: list[dict[str, Any]], log_path: Path, images: list[Path])
     lines.append(
         f"- step records: {len(records)}" + (f" (steps {int(min(steps))}-{int(max(steps))})" if steps else "")
     )
-    xs, rewards = series(records, "reward/mean")
+    xs, rewards = series(records, K.REWARD_MEAN)
     if rewards:
         best = max(range(len(rewards)), key=rewards.__getitem__)
-        lines.append(f"- reward/mean: first {_fmt(rewards[0])}, last {_fmt(rewards[-1])}, "
+        lines.append(f"- {K.REWARD_MEAN}: first {_fmt(rewards[0])}, last {_fmt(rewards[-1])}, "
                      f"best {_fmt(rewards[best])} at step {int(xs[best])}")  # fmt: skip
-    ax, alarms = series(records, "lld/alarm")
+    ax, alarms = series(records, K.LLD_ALARM)
     if alarms:
         counts = {name: sum(1 for a in alarms if int(a) == level) for level, name in ALARM_NAMES.items()}
         first = next((int(x) for x, a in zip(ax, alarms, strict=True) if a >= 2), None)
@@ -204,8 +195,8 @@ def summarize(records: list[dict[str, Any]], log_path: Path, images: list[Path])
     else:
         lines.append("- LLD alarm: not logged")
     lines += ["", "| key | first | last | min | max |", "|---|---|---|---|---|"]
-    for spec in SUMMARY_KEYS:
-        key, _, ys = _series(records, spec)
+    for key in SUMMARY_KEYS:
+        _, ys = series(records, key)
         if ys:
             lines.append(f"| `{key}` | {_fmt(ys[0])} | {_fmt(ys[-1])} | {_fmt(min(ys))} | {_fmt(max(ys))} |")
     lines.append("")

@@ -30,6 +30,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from llds_proto import steplog as K
+
 if TYPE_CHECKING:
     from llds.up import Up
 
@@ -384,19 +386,19 @@ def run_figures(
 ) -> dict[str, float]:
     """The run's headline figures: pace, exactness, drops, memory (from the samples, the trainer's
     train log and the logged drops)."""
-    fig: dict[str, float] = {"steps": float(max((r["step"] for r in train), default=0))}
+    fig: dict[str, float] = {"steps": float(max((r[K.STEP] for r in train), default=0))}
     fig["wall_min"] = max((s["t"] for s in samples), default=0.0) / 60
-    step_s = [float(r["perf/step_s"]) for r in train if "perf/step_s" in r]
+    step_s = [float(r[K.PERF_STEP_S]) for r in train if K.PERF_STEP_S in r]
     fig["step_s_median"], fig["step_s_p90"] = statistics.median(step_s or [0.0]), _pct(step_s, 0.9)
-    stamps = sorted(float(r["time/unix"]) for r in train if "time/unix" in r)
+    stamps = sorted(float(r[K.TIME_UNIX]) for r in train if K.TIME_UNIX in r)
     gaps = [b - a for a, b in itertools.pairwise(stamps)]
     fig["cycle_s_median"] = statistics.median(gaps) if gaps else 0.0
-    fig["groups_trained"] = float(sum(r.get("data/groups", 0) for r in train))
+    fig["groups_trained"] = float(sum(r.get(K.DATA_GROUPS, 0) for r in train))
     fig["mismatch_kl_max_abs"] = max(
-        (abs(float(r["mismatch/kl"])) for r in train if "mismatch/kl" in r), default=0.0
+        (abs(float(r[K.MISMATCH_KL])) for r in train if K.MISMATCH_KL in r), default=0.0
     )
     fig["mismatch_abs_logp_diff_max"] = max(
-        (float(r.get("mismatch/abs_logp_diff", 0)) for r in train), default=0.0
+        (float(r.get(K.MISMATCH_ABS_LOGP_DIFF, 0)) for r in train), default=0.0
     )
     reasons: dict[str, int] = {}
     for line in drops:
@@ -418,7 +420,7 @@ def run_figures(
     )
     fig["stream_length_max"] = max((s.get("redis/stream_length", 0.0) for s in samples), default=0.0)
     fig["run_dir_peak_mib"] = max((s.get("run_dir/total_bytes", 0.0) for s in samples), default=0.0) / MIB
-    rewards = [float(r["reward/mean"]) for r in train if "reward/mean" in r]
+    rewards = [float(r[K.REWARD_MEAN]) for r in train if K.REWARD_MEAN in r]
     if rewards:
         n = max(1, len(rewards) // 10)
         fig["reward_first_tenth"], fig["reward_last_tenth"] = (

@@ -39,6 +39,7 @@ import httpx
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
+from llds_proto import steplog as K
 from llds_proto.streams import check_run_id
 from llds_server.settings import ConfigError, ServiceSettings
 
@@ -546,8 +547,8 @@ class Up:
             "steps": max(int(str(status.get("step") or 0)), len(history)),
             "trainer_weights_version": status.get("weights_version"),
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
-            "reward_mean_per_step": [h.get("reward/mean") for h in history],
-            "llds_term_per_step": [h.get("loss/llds") for h in history],
+            "reward_mean_per_step": [h.get(K.REWARD_MEAN) for h in history],
+            "llds_term_per_step": [h.get(K.LOSS_LLDS) for h in history],
             "question": row["question"],
             "gold": row["golden_answers"],
             "answer": answer.get("answer"),

@@ -22,7 +22,7 @@ import httpx
 import pytest
 import redis
 
-from llds_proto import streams
+from llds_proto import steplog, streams
 from llds_proto.codec import encode_group
 from llds_proto.messages import TrainerInfo
 from llds_server.http import free_port
@@ -141,6 +141,7 @@ def test_trains_publishes_notifies_and_serves(
         hist = httpx.get(f"{base}/history", params={"since": 0}).json()
         assert [h["step"] for h in hist] == [1]
         assert {"reward/mean", "loss/llds", "lld/correct_logp_token", "weights/version"} <= set(hist[0])
+        assert set(hist[0]) <= steplog.KEYS, sorted(set(hist[0]) - steplog.KEYS)  # the key module names all
         assert httpx.get(f"{base}/history", params={"since": 1}).json() == []
         metrics = httpx.get(f"{base}/metrics").text
         for line in (
@@ -296,6 +297,7 @@ def test_dynamic_sampling_skips_uniform_groups_and_fills_the_step(
     (rec,) = [json.loads(x) for x in (tmp_path / "run" / "train_log.jsonl").read_text().splitlines()]
     assert (rec["data/groups"], rec["data/uniform_skipped"]) == (2, 3)
     assert rec["data/uniform_skipped_frac"] == 0.6
+    assert set(rec) <= steplog.KEYS, sorted(set(rec) - steplog.KEYS)
     # the bytes on disk: the checkpoint trained exactly the two groups with a learning signal
     state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
     assert state["consumed"] == [ordered[1].group_id, ordered[4].group_id]

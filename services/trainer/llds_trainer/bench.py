@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+from llds_proto import steplog as K
+
 
 def main(argv: list[str]) -> int:
     p = argparse.ArgumentParser(prog="llds bench trainer", description=__doc__.split("\n\n")[0])
@@ -71,7 +73,7 @@ def main(argv: list[str]) -> int:
             t0 = time.perf_counter()
             rec = tr.train_step(groups)
             times[name].append(time.perf_counter() - t0)
-            update_times[name].append(rec["perf/update_s"])
+            update_times[name].append(rec[K.PERF_UPDATE_S])
     med = {n: statistics.median(v) for n, v in times.items()}
     upd = {n: statistics.median(v) for n, v in update_times.items()}
     base, llds = list(trainers)

@@ -26,6 +26,7 @@ from typing import Any, Protocol
 import torch
 from torch import Tensor
 
+from llds_proto import steplog as K
 from llds_proto.messages import TrajectoryGroup
 from llds_trainer import checkpoint as ckpt
 from llds_trainer.batch import MicroBatch, Sample, collate, response_slice, samples_from_groups
@@ -456,64 +457,64 @@ class Trainer:
         after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld_probe else None
         self.state.step += 1
         rec: dict[str, Any] = {
-            "step": self.state.step,
-            "time/unix": time.time(),
-            "data/groups": len(groups),
-            "data/trajectories": len(samples),
-            "data/loss_tokens": n_loss,
-            "data/stale_tokens": stale_tokens,
-            "reward/mean": sum(s.reward for s in samples) / len(samples),
-            "reward/exact_match": sum(s.exact_match for s in samples) / len(samples),
-            "loss/total": sums[4] / n_micro,
-            "loss/policy": sums[0] / n_micro,
-            "loss/llds": sums[2] / max(sums[3], 1) if sums[3] else 0.0,
+            K.STEP: self.state.step,
+            K.TIME_UNIX: time.time(),
+            K.DATA_GROUPS: len(groups),
+            K.DATA_TRAJECTORIES: len(samples),
+            K.DATA_LOSS_TOKENS: n_loss,
+            K.DATA_STALE_TOKENS: stale_tokens,
+            K.REWARD_MEAN: sum(s.reward for s in samples) / len(samples),
+            K.REWARD_EXACT_MATCH: sum(s.exact_match for s in samples) / len(samples),
+            K.LOSS_TOTAL: sums[4] / n_micro,
+            K.LOSS_POLICY: sums[0] / n_micro,
+            K.LOSS_LLDS: sums[2] / max(sums[3], 1) if sums[3] else 0.0,
             # loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy + loss/llds
             # (each a mean over the same micro-batches).
-            "loss/kl": sums[12] / max(sums[13], 1) if sums[13] else None,
-            "loss/entropy": sums[14] / max(sums[15], 1) if sums[15] else None,
-            "llds/gated_fraction": sums[6] / sums[7] if sums[7] else 0.0,
-            "llds/answer_weight": ans_w,
-            "actor/lr": lr,
-            "actor/updates": updates,
-            "actor/nonfinite_updates": nonfinite,
-            "actor/grad_norm": _mean(grad_norms),
-            "actor/grad_norm_max": max(grad_norms) if grad_norms else None,
-            "actor/clip_frac": sums[5] / n_micro,
-            "actor/ratio_max": ratio_max,
-            "mismatch/kl": _mean(mm_kl),
-            "mismatch/abs_logp_diff": _mean(mm_abs),
-            "is/weight_mean": sums[8] / sums[9] if sums[9] else None,
-            "is/truncated_frac": sums[10] / sums[9] if sums[9] else None,
-            "rollout/valid_searches_mean": v_s,
-            "rollout/turns_mean": sum(s.num_turns for s in samples) / len(samples),
-            "rollout/response_len_mean": sum(len(s.response_ids) for s in samples) / len(samples),
-            "perf/step_s": t_train - t0 + (time.perf_counter() - t_train),
-            "perf/old_pass_s": t_old - t0,
-            "perf/update_s": t_train - t_old,
-            "perf/train_tokens_per_s": sums[11] / max(t_train - t_old, 1e-9),
+            K.LOSS_KL: sums[12] / max(sums[13], 1) if sums[13] else None,
+            K.LOSS_ENTROPY: sums[14] / max(sums[15], 1) if sums[15] else None,
+            K.LLDS_GATED_FRACTION: sums[6] / sums[7] if sums[7] else 0.0,
+            K.LLDS_ANSWER_WEIGHT: ans_w,
+            K.ACTOR_LR: lr,
+            K.ACTOR_UPDATES: updates,
+            K.ACTOR_NONFINITE_UPDATES: nonfinite,
+            K.ACTOR_GRAD_NORM: _mean(grad_norms),
+            K.ACTOR_GRAD_NORM_MAX: max(grad_norms) if grad_norms else None,
+            K.ACTOR_CLIP_FRAC: sums[5] / n_micro,
+            K.ACTOR_RATIO_MAX: ratio_max,
+            K.MISMATCH_KL: _mean(mm_kl),
+            K.MISMATCH_ABS_LOGP_DIFF: _mean(mm_abs),
+            K.IS_WEIGHT_MEAN: sums[8] / sums[9] if sums[9] else None,
+            K.IS_TRUNCATED_FRAC: sums[10] / sums[9] if sums[9] else None,
+            K.ROLLOUT_VALID_SEARCHES_MEAN: v_s,
+            K.ROLLOUT_TURNS_MEAN: sum(s.num_turns for s in samples) / len(samples),
+            K.ROLLOUT_RESPONSE_LEN_MEAN: sum(len(s.response_ids) for s in samples) / len(samples),
+            K.PERF_STEP_S: t_train - t0 + (time.perf_counter() - t_train),
+            K.PERF_OLD_PASS_S: t_old - t0,
+            K.PERF_UPDATE_S: t_train - t_old,
+            K.PERF_TRAIN_TOKENS_PER_S: sums[11] / max(t_train - t_old, 1e-9),
         }
         rec.update(self._lld_signals(samples, old, ent, after))
-        rec["lld/llds_term"] = rec["loss/llds"]
+        rec[K.LLD_LLDS_TERM] = rec[K.LOSS_LLDS]
         before = self.monitor.state
         rec.update(
             self.monitor.update(
-                rec["lld/correct_logp_token"],
-                rec["lld/fell_fraction_responses"],
-                rec["actor/entropy"],
-                rec["actor/grad_norm"],
+                rec[K.LLD_CORRECT_LOGP_TOKEN],
+                rec[K.LLD_FELL_FRACTION_RESPONSES],
+                rec[K.ACTOR_ENTROPY],
+                rec[K.ACTOR_GRAD_NORM],
             )
         )
         # The lambda this step trained with; an acting alarm changes the next step's (lld/action = 1).
-        rec["llds/lambda"] = 0.0 if lam is None else lam
+        rec[K.LLDS_LAMBDA] = 0.0 if lam is None else lam
         acted = self.alarm_action.react(before, self.monitor.state, self.state.step)
-        rec["lld/action"] = float(acted)
+        rec[K.LLD_ACTION] = float(acted)
         if acted:
             self.regularizer = build_regularizer(cfg, self.alarm_action.lam)
             log.warning(
                 "LLD alarm %s at step %d: %s, LLDS lambda now %s (from the next step)",
                 self.monitor.state, self.state.step, cfg.lld_alarm_action, self.alarm_action.lam,
             )  # fmt: skip
-        rec["perf/step_s"] = time.perf_counter() - t0
+        rec[K.PERF_STEP_S] = time.perf_counter() - t0
         return rec
 
     def _lld_signals(
@@ -563,19 +564,19 @@ class Trainer:
         c_tok = corr_tok / corr_n if corr_n else None
         i_tok = inc_tok / inc_n if inc_n else None
         return {
-            "lld/n_correct": float(len(corr_resp)),
-            "lld/correct_logp_token": c_tok,
-            "lld/correct_logp_response": _mean(corr_resp),
-            "lld/incorrect_logp_token": i_tok,
-            "lld/correct_incorrect_gap": c_tok - i_tok if c_tok is not None and i_tok is not None else None,
-            "lld/first_action_logp": first_lp / first_n if first_n else None,
-            "lld/later_action_logp": later_lp / later_n if later_n else None,
-            "lld/displacement_mean": _mean(disp),
-            "lld/fell_fraction_responses": sum(1 for x in disp if x < 0) / len(disp) if disp else None,
-            "lld/fell_fraction_actions": act_fell / act_n if act_n else None,
-            "lld/first_action_displacement": first_d / first_dn if first_dn else None,
-            "lld/later_action_displacement": later_d / later_dn if later_dn else None,
-            "actor/entropy": ent_sum / ent_n if ent_n else None,
+            K.LLD_N_CORRECT: float(len(corr_resp)),
+            K.LLD_CORRECT_LOGP_TOKEN: c_tok,
+            K.LLD_CORRECT_LOGP_RESPONSE: _mean(corr_resp),
+            K.LLD_INCORRECT_LOGP_TOKEN: i_tok,
+            K.LLD_CORRECT_INCORRECT_GAP: c_tok - i_tok if c_tok is not None and i_tok is not None else None,
+            K.LLD_FIRST_ACTION_LOGP: first_lp / first_n if first_n else None,
+            K.LLD_LATER_ACTION_LOGP: later_lp / later_n if later_n else None,
+            K.LLD_DISPLACEMENT_MEAN: _mean(disp),
+            K.LLD_FELL_FRACTION_RESPONSES: sum(1 for x in disp if x < 0) / len(disp) if disp else None,
+            K.LLD_FELL_FRACTION_ACTIONS: act_fell / act_n if act_n else None,
+            K.LLD_FIRST_ACTION_DISPLACEMENT: first_d / first_dn if first_dn else None,
+            K.LLD_LATER_ACTION_DISPLACEMENT: later_d / later_dn if later_dn else None,
+            K.ACTOR_ENTROPY: ent_sum / ent_n if ent_n else None,
         }
 
     # ------------------------------------------------------------------ checkpoints

@@ -23,6 +23,8 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
+from llds_proto import steplog as K
+
 AlarmState = Literal["ok", "warning", "alarm"]
 ALARM_LEVEL: dict[AlarmState, int] = {"ok": 0, "warning": 1, "alarm": 2}
 
@@ -95,9 +97,9 @@ class LLDMonitor:
         else:
             self.state = "ok"
         return {
-            "lld/correct_logp_slope": s,
-            "lld/fell_fraction_slope": fell_slope,
-            "lld/alarm": float(ALARM_LEVEL[self.state]),
+            K.LLD_CORRECT_LOGP_SLOPE: s,
+            K.LLD_FELL_FRACTION_SLOPE: fell_slope,
+            K.LLD_ALARM: float(ALARM_LEVEL[self.state]),
         }
 
     def state_dict(self) -> dict[str, Any]:

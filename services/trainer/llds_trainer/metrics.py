@@ -6,33 +6,35 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+from llds_proto import steplog as K
+
 GAUGES: dict[str, tuple[str, str]] = {
-    "reward/mean": ("llds_trainer_reward_mean", "Mean reward of the step's trajectories."),
-    "reward/exact_match": ("llds_trainer_exact_match_ratio", "Mean exact match of the step's trajectories."),
-    "loss/total": ("llds_trainer_loss", "Total loss (mean over micro-batches)."),
-    "loss/policy": ("llds_trainer_policy_loss", "PPO-clip / GSPO policy loss."),
-    "loss/llds": ("llds_trainer_llds_term", "LLDS regulariser term (mean over micro-batches)."),
-    "llds/gated_fraction": ("llds_trainer_llds_gated_ratio", "Fraction of gate units of preserving responses LLDS gated."),
-    "actor/grad_norm": ("llds_trainer_grad_norm", "Mean pre-clip gradient norm of the step's updates."),
-    "actor/clip_frac": ("llds_trainer_clip_ratio", "Fraction of loss tokens where the PPO clip was active."),
-    "actor/ratio_max": ("llds_trainer_importance_ratio_max", "Largest pi_theta / pi_old ratio in the step."),
-    "actor/entropy": ("llds_trainer_entropy_nats", "Mean token entropy of pi_old on loss tokens."),
-    "actor/lr": ("llds_trainer_learning_rate", "Learning rate of the step."),
-    "mismatch/kl": ("llds_trainer_mismatch_kl_nats", "KL(sampler || trainer pi_old) per loss token (k3)."),
-    "perf/train_tokens_per_s": ("llds_trainer_train_tokens_per_second", "Tokens per second in the update passes."),
-    "rollout/valid_searches_mean": ("llds_trainer_valid_searches_mean", "Mean valid searches per trajectory."),
-    "rollout/response_len_mean": ("llds_trainer_response_length_tokens", "Mean response length."),
-    "lld/correct_logp_token": ("llds_trainer_lld_correct_logp_nats", "Mean per-token log-likelihood of correct responses."),
-    "lld/correct_logp_slope": ("llds_trainer_lld_correct_logp_slope_nats", "Slope per step of the above over the window."),
-    "lld/displacement_mean": ("llds_trainer_lld_displacement_nats", "Mean sum(logp_after - logp_old) per correct response."),
-    "lld/fell_fraction_responses": ("llds_trainer_lld_fell_responses_ratio", "Fraction of correct responses whose likelihood fell."),
-    "lld/fell_fraction_actions": ("llds_trainer_lld_fell_actions_ratio", "Fraction of correct responses' actions whose likelihood fell."),
-    "lld/first_action_logp": ("llds_trainer_lld_first_action_logp_nats", "Per-token log-likelihood of first actions (correct)."),
-    "lld/later_action_logp": ("llds_trainer_lld_later_action_logp_nats", "Per-token log-likelihood of later actions (correct)."),
-    "lld/correct_incorrect_gap": ("llds_trainer_lld_correct_incorrect_gap_nats", "Per-token log-likelihood gap, correct minus incorrect."),
-    "lld/alarm": ("llds_trainer_lld_alarm_state", "LLD alarm: 0 ok, 1 warning, 2 alarm."),
-    "lld/action": ("llds_trainer_lld_alarm_action", "1 if the acting alarm changed the regulariser at this step."),
-    "llds/lambda": ("llds_trainer_llds_lambda", "LLDS lambda the step trained with (0 = LLDS off)."),
+    K.REWARD_MEAN: ("llds_trainer_reward_mean", "Mean reward of the step's trajectories."),
+    K.REWARD_EXACT_MATCH: ("llds_trainer_exact_match_ratio", "Mean exact match of the step's trajectories."),
+    K.LOSS_TOTAL: ("llds_trainer_loss", "Total loss (mean over micro-batches)."),
+    K.LOSS_POLICY: ("llds_trainer_policy_loss", "PPO-clip / GSPO policy loss."),
+    K.LOSS_LLDS: ("llds_trainer_llds_term", "LLDS regulariser term (mean over micro-batches)."),
+    K.LLDS_GATED_FRACTION: ("llds_trainer_llds_gated_ratio", "Fraction of gate units of preserving responses LLDS gated."),
+    K.ACTOR_GRAD_NORM: ("llds_trainer_grad_norm", "Mean pre-clip gradient norm of the step's updates."),
+    K.ACTOR_CLIP_FRAC: ("llds_trainer_clip_ratio", "Fraction of loss tokens where the PPO clip was active."),
+    K.ACTOR_RATIO_MAX: ("llds_trainer_importance_ratio_max", "Largest pi_theta / pi_old ratio in the step."),
+    K.ACTOR_ENTROPY: ("llds_trainer_entropy_nats", "Mean token entropy of pi_old on loss tokens."),
+    K.ACTOR_LR: ("llds_trainer_learning_rate", "Learning rate of the step."),
+    K.MISMATCH_KL: ("llds_trainer_mismatch_kl_nats", "KL(sampler || trainer pi_old) per loss token (k3)."),
+    K.PERF_TRAIN_TOKENS_PER_S: ("llds_trainer_train_tokens_per_second", "Tokens per second in the update passes."),
+    K.ROLLOUT_VALID_SEARCHES_MEAN: ("llds_trainer_valid_searches_mean", "Mean valid searches per trajectory."),
+    K.ROLLOUT_RESPONSE_LEN_MEAN: ("llds_trainer_response_length_tokens", "Mean response length."),
+    K.LLD_CORRECT_LOGP_TOKEN: ("llds_trainer_lld_correct_logp_nats", "Mean per-token log-likelihood of correct responses."),
+    K.LLD_CORRECT_LOGP_SLOPE: ("llds_trainer_lld_correct_logp_slope_nats", "Slope per step of the above over the window."),
+    K.LLD_DISPLACEMENT_MEAN: ("llds_trainer_lld_displacement_nats", "Mean sum(logp_after - logp_old) per correct response."),
+    K.LLD_FELL_FRACTION_RESPONSES: ("llds_trainer_lld_fell_responses_ratio", "Fraction of correct responses whose likelihood fell."),
+    K.LLD_FELL_FRACTION_ACTIONS: ("llds_trainer_lld_fell_actions_ratio", "Fraction of correct responses' actions whose likelihood fell."),
+    K.LLD_FIRST_ACTION_LOGP: ("llds_trainer_lld_first_action_logp_nats", "Per-token log-likelihood of first actions (correct)."),
+    K.LLD_LATER_ACTION_LOGP: ("llds_trainer_lld_later_action_logp_nats", "Per-token log-likelihood of later actions (correct)."),
+    K.LLD_CORRECT_INCORRECT_GAP: ("llds_trainer_lld_correct_incorrect_gap_nats", "Per-token log-likelihood gap, correct minus incorrect."),
+    K.LLD_ALARM: ("llds_trainer_lld_alarm_state", "LLD alarm: 0 ok, 1 warning, 2 alarm."),
+    K.LLD_ACTION: ("llds_trainer_lld_alarm_action", "1 if the acting alarm changed the regulariser at this step."),
+    K.LLDS_LAMBDA: ("llds_trainer_llds_lambda", "LLDS lambda the step trained with (0 = LLDS off)."),
 }  # fmt: skip
 
 
@@ -90,10 +92,10 @@ class TrainerMetrics:
         self.gauges = {k: Gauge(name, doc, registry=r) for k, (name, doc) in GAUGES.items()}
 
     def observe_step(self, rec: dict[str, Any]) -> None:
-        self.step.set(rec["step"])
-        self.groups.inc(rec["data/groups"])
-        self.trajectories.inc(rec["data/trajectories"])
-        self.step_seconds.observe(rec["perf/step_s"])
+        self.step.set(rec[K.STEP])
+        self.groups.inc(rec[K.DATA_GROUPS])
+        self.trajectories.inc(rec[K.DATA_TRAJECTORIES])
+        self.step_seconds.observe(rec[K.PERF_STEP_S])
         for k, g in self.gauges.items():
             v = rec.get(k)
             if v is not None:

@@ -28,6 +28,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from llds_proto import steplog as K
 from llds_proto import streams
 from llds_proto.codec import decode_group, encode_group
 from llds_proto.messages import TrainerInfo, TrajectoryGroup, WeightUpdateNotice
@@ -187,7 +188,7 @@ class TrainerService:
             for line in path.read_text().splitlines():
                 if line.strip():
                     rec = json.loads(line)
-                    if rec["step"] <= step:
+                    if rec[K.STEP] <= step:
                         kept.append(line)
                         self.history.append(rec)
         tmp = path.with_suffix(".tmp")
@@ -212,15 +213,15 @@ class TrainerService:
             rec = self.trainer.train_step(groups)
             if self.cfg.dynamic_sampling:
                 n, self._uniform_skipped = self._uniform_skipped, 0
-                rec["data/uniform_skipped"] = n
-                rec["data/uniform_skipped_frac"] = n / (n + len(groups))
+                rec[K.DATA_UNIFORM_SKIPPED] = n
+                rec[K.DATA_UNIFORM_SKIPPED_FRAC] = n / (n + len(groups))
             failpoint("after_train", step)
             st.add_consumed(step, [g.group_id for g in groups])
             publishing = step % self.cfg.publish_every == 0
             if publishing:
                 st.version += 1
                 st.lineage.prune(st.version, self.cfg.staleness_k)
-            rec["weights/version"] = st.version
+            rec[K.WEIGHTS_VERSION] = st.version
             if self.trainer.dist.is_main:
                 self._after_step(step, rec, entry_ids, publishing)
             self.trainer.dist.barrier()
@@ -254,7 +255,7 @@ class TrainerService:
         self.metrics.observe_step(rec)
         log.info(
             "step %d reward %.3f loss %.4f llds %.5f alarm %s (%.1f s)",
-            step, rec["reward/mean"], rec["loss/total"], rec["loss/llds"], self.trainer.monitor.state, rec["perf/step_s"],
+            step, rec[K.REWARD_MEAN], rec[K.LOSS_TOTAL], rec[K.LOSS_LLDS], self.trainer.monitor.state, rec[K.PERF_STEP_S],
         )  # fmt: skip
 
     def _checkpoint(self, step: int) -> None:

@@ -16,7 +16,7 @@ CONFIG_CLASSES = {
     "ROLLOUT": ("llds_rollout.config", "RolloutSettings"),
     "TRAINER": ("llds_trainer.config", "TrainerConfig"),
     "RETRIEVER": ("llds_retriever.config", "RetrieverConfig"),
-    "DASHBOARD": ("llds.dashboard", "DashboardConfig"),
+    "DASHBOARD": ("llds.dashboard.config", "DashboardConfig"),
     "UP": ("llds.up", "UpConfig"),
 }
 _SERVICE_VAR = re.compile(r"^LLDS_(ROLLOUT|TRAINER|RETRIEVER|DASHBOARD|UP)_([A-Z0-9_]+)$")

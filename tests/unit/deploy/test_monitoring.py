@@ -10,7 +10,7 @@ import re
 import yaml
 from deploy_tools import COMPOSE_FILE, DEPLOY, REPO
 
-METRIC_SOURCES = [*REPO.glob("services/*/llds_*/metrics.py"), REPO / "launcher" / "llds" / "dashboard.py"]
+METRIC_SOURCES = [*REPO.glob("services/*/llds_*/metrics.py"), REPO / "launcher/llds/dashboard/metrics.py"]
 
 
 def _dashboards() -> list[dict]:

@@ -192,8 +192,8 @@ class FakeSystem:
         r = self.r_rollout = CollectorRegistry()
         self.tokens = Counter("llds_rollout_generated_tokens", "tokens", registry=r)
         self.trajectories = Counter("llds_rollout_trajectories", "trajectories", registry=r)
-        self.stale = Counter("llds_rollout_staleness_dropped", "dropped groups", registry=r)
-        self.swaps = Counter("llds_rollout_weight_swaps", "swaps", registry=r)
+        self.stale = Counter("llds_rollout_stale_groups_dropped", "dropped groups", registry=r)
+        self.swaps = Histogram("llds_rollout_weight_swap_seconds", "swap time", registry=r)
         self.r_version = Gauge("llds_rollout_weights_version", "version", registry=r)
         r = self.r_trainer = CollectorRegistry()
         self.step_g = Gauge("llds_trainer_step", "step", registry=r)
@@ -235,7 +235,7 @@ class FakeSystem:
             if k % self.ticks_per_step == 0:
                 step = len(self.history) + 1
                 self.version += 1
-                self.swaps.inc()
+                self.swaps.observe(0.05)
                 self.r_version.set(self.version)
                 self.t_version.set(self.version)
                 self.step_g.set(step)
@@ -247,12 +247,12 @@ class FakeSystem:
         return {
             "step": step, "reward/mean": 0.1 + 0.05 * step, "reward/exact_match": 0.08 + 0.04 * step,
             "loss/total": 1.0 / step, "loss/policy": 0.5 / step, "loss/llds": 0.01 * step, "loss/kl": 0.001,
-            "lld/correct_logp_mean": -1.0 - 0.02 * step, "lld/correct_logp_slope": -0.02,
-            "lld/displaced_frac_responses": min(1.0, 0.1 * step), "lld/displaced_frac_actions": 0.05,
+            "lld/correct_logp_token": -1.0 - 0.02 * step, "lld/correct_logp_slope": -0.02,
+            "lld/fell_fraction_responses": min(1.0, 0.1 * step), "lld/fell_fraction_actions": 0.05,
             "lld/first_action_logp": -2.0, "lld/later_action_logp": -1.5, "lld/correct_incorrect_gap": 0.3,
-            "lld/alarm": float(min(2, step // 4)), "llds/gated_frac": 0.2, "actor/entropy": 1.0 + math.sin(step),
-            "actor/grad_norm": 2.0 + step % 3, "actor/clip_frac": 0.01, "response/length_mean": 100.0 + step,
-            "response/turns_mean": 2.0, "response/valid_searches_mean": 1.0, "weights/version": float(step),
+            "lld/alarm": float(min(2, step // 4)), "llds/gated_fraction": 0.2, "actor/entropy": 1.0 + math.sin(step),
+            "actor/grad_norm": 2.0 + step % 3, "actor/clip_frac": 0.01, "rollout/response_len_mean": 100.0 + step,
+            "rollout/turns_mean": 2.0, "rollout/valid_searches_mean": 1.0, "weights/version": float(step),
             "timing/step_seconds": 0.5,
         }  # fmt: skip
 

@@ -12,7 +12,9 @@ import pytest
 from fastapi.testclient import TestClient
 from prometheus_client.parser import text_string_to_metric_families
 
-from llds.dashboard import STATIC_DIR, DashboardConfig, create_app, parse_args
+from llds.dashboard.app import STATIC_DIR, create_app
+from llds.dashboard.cli import parse_args
+from llds.dashboard.config import DashboardConfig
 
 DOCUMENTED_DASHBOARD_METRICS = {
     "llds_dashboard_polls",

@@ -56,8 +56,8 @@ def test_dashboard_page_shows_live_changing_values(
         > first["panels"]["reward"]["values"]["reward/mean"]
     )
     assert (
-        later["panels"]["lld_logp"]["values"]["lld/correct_logp_mean"]
-        < first["panels"]["lld_logp"]["values"]["lld/correct_logp_mean"]
+        later["panels"]["lld_logp"]["values"]["lld/correct_logp_token"]
+        < first["panels"]["lld_logp"]["values"]["lld/correct_logp_token"]
     )
     assert int(later["step"]) > int(first["step"])
     w1 = first["panels"]["weights"]["values"]["llds_rollout_weights_version"]

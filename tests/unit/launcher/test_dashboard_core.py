@@ -8,19 +8,18 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
-from llds.dashboard import (
-    PANELS,
-    LogTail,
+from llds.dashboard.panels import PANELS, layout
+from llds.dashboard.poller import LogTail
+from llds.dashboard.scrape import (
     MetricsParseError,
-    Store,
     derive,
-    finite,
     histogram_quantile,
-    layout,
     metric_family,
     parse_metrics,
     series_key,
 )
+from llds.dashboard.store import Store, finite
+from llds_proto import steplog as K
 
 
 def _registry() -> tuple[CollectorRegistry, Counter, Gauge, Histogram]:
@@ -154,36 +153,39 @@ def test_layout_places_known_keys_and_groups_the_rest() -> None:
 
 def test_known_panels_cover_the_documented_signals() -> None:
     wanted = {
-        "reward/mean", "reward/exact_match", "loss/llds", "lld/correct_logp_mean", "lld/correct_logp_slope",
-        "lld/displaced_frac_responses", "lld/displaced_frac_actions", "lld/first_action_logp",
-        "lld/later_action_logp", "lld/correct_incorrect_gap", "lld/alarm", "llds/gated_frac", "actor/entropy",
-        "actor/grad_norm", "response/length_mean", "response/turns_mean", "response/valid_searches_mean",
+        K.REWARD_MEAN, K.REWARD_EXACT_MATCH, K.LOSS_LLDS, K.LLD_CORRECT_LOGP_TOKEN, K.LLD_CORRECT_LOGP_SLOPE,
+        K.LLD_FELL_FRACTION_RESPONSES, K.LLD_FELL_FRACTION_ACTIONS, K.LLD_FIRST_ACTION_LOGP,
+        K.LLD_LATER_ACTION_LOGP, K.LLD_CORRECT_INCORRECT_GAP, K.LLD_ALARM, K.LLDS_GATED_FRACTION, K.ACTOR_ENTROPY,
+        K.ACTOR_GRAD_NORM, K.ROLLOUT_RESPONSE_LEN_MEAN, K.ROLLOUT_TURNS_MEAN, K.ROLLOUT_VALID_SEARCHES_MEAN,
         "llds_trainer_stream_length_entries", "llds_trainer_consumer_lag_entries", "rate:llds_rollout_generated_tokens_total",
         "rate:llds_rollout_trajectories_total", "rate:llds_retriever_requests_total",
         "p95:llds_retriever_request_latency_seconds", "llds_rollout_weights_version",
-        "rate:llds_rollout_staleness_dropped_total",
+        "rate:llds_rollout_stale_groups_dropped_total",
     }  # fmt: skip
-    placed = {alt for p in PANELS for s in p.series for alt in s.split("|")}
+    placed = {s for p in PANELS for s in p.series}
     assert wanted <= placed
 
 
-def test_layout_draws_whichever_alternative_name_exists() -> None:
+def test_layout_names_what_is_missing_and_hides_the_llds_term_copy() -> None:
     hkeys = {
-        "lld/correct_logp_token",
-        "lld/fell_fraction_responses",
-        "rollout/turns_mean",
-        "time/unix",
-        "perf/step_s",
+        K.LLD_CORRECT_LOGP_TOKEN,
+        K.LLD_FELL_FRACTION_RESPONSES,
+        K.ROLLOUT_TURNS_MEAN,
+        K.LOSS_LLDS,
+        K.LLD_LLDS_TERM,
+        K.TIME_UNIX,
+        K.PERF_STEP_S,
     }
     mkeys = {"rate:llds_rollout_stale_groups_dropped_total", "llds_rollout_stale_groups_dropped_total"}
     panels = {p["id"]: p for p in layout(mkeys, hkeys)}
-    assert panels["lld_logp"]["series"] == ["lld/correct_logp_token"]
-    assert "lld/correct_logp_mean" not in panels["lld_logp"]["missing"]
-    assert panels["lld_displaced"]["series"] == ["lld/fell_fraction_responses"]
-    assert panels["lld_displaced"]["missing"] == ["lld/displaced_frac_actions", "llds/gated_frac"]
-    assert panels["turns"]["series"] == ["rollout/turns_mean"]
+    assert panels["lld_logp"]["series"] == [K.LLD_CORRECT_LOGP_TOKEN]
+    assert panels["lld_displaced"]["series"] == [K.LLD_FELL_FRACTION_RESPONSES]
+    assert panels["lld_displaced"]["missing"] == [K.LLD_FELL_FRACTION_ACTIONS, K.LLDS_GATED_FRACTION]
+    assert panels["turns"]["series"] == [K.ROLLOUT_TURNS_MEAN]
+    assert panels["loss_llds"]["series"] == [K.LOSS_LLDS]
     assert panels["staleness"]["series"] == ["rate:llds_rollout_stale_groups_dropped_total"]
-    assert "h:time" not in panels and panels["h:perf"]["series"] == ["perf/step_s"]
+    # lld/llds_term repeats loss/llds: no "lld/*" panel draws it a second time.
+    assert "h:time" not in panels and "h:lld" not in panels and panels["h:perf"]["series"] == [K.PERF_STEP_S]
     assert not any(p["id"].startswith("m:") for p in panels.values())
 
 

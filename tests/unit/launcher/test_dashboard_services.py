@@ -1,16 +1,15 @@
 """The dashboard's named panels find what the real services export (their metrics classes, no servers).
 
-If a service renames a metric or a step-record key, this fails and names the panel left empty: align
-``llds.dashboard.PANELS`` (alternative names ``a|b`` are allowed) or the service.
+If a service renames a metric or a step-record key, this fails and names the panel and series left
+empty: align ``llds.dashboard.panels.PANELS`` or the service (step-record keys: ``llds_proto.steplog``).
 """
 
 from __future__ import annotations
 
-from llds.dashboard import Store, layout, parse_metrics
-
-# The step record below is built from the trainer's GAUGES map, which has no weights version (the
-# real record has `weights/version`; the trainer-backed browser test sees it).
-NOT_EXPORTED = {"weights_step"}
+from llds.dashboard.panels import layout
+from llds.dashboard.scrape import parse_metrics
+from llds.dashboard.store import Store
+from llds_proto import steplog
 
 
 def _scrapes() -> Store:
@@ -18,7 +17,7 @@ def _scrapes() -> Store:
 
     from llds_retriever.metrics import RetrieverMetrics
     from llds_rollout.metrics import RolloutMetrics
-    from llds_trainer.metrics import GAUGES, TrainerMetrics
+    from llds_trainer.metrics import TrainerMetrics
 
     ret, rol, tra = RetrieverMetrics(), RolloutMetrics(), TrainerMetrics()
     store = Store({})
@@ -32,7 +31,7 @@ def _scrapes() -> Store:
         rol.swap_seconds.observe(0.2)
         rol.retriever_latency.observe(0.01)
         rol.weights_version.set(t)
-        rec = {k: 0.5 for k in GAUGES} | {
+        rec = {k: 0.5 for k in steplog.KEYS} | {
             "step": int(t) + 1,
             "data/groups": 1,
             "data/trajectories": 4,
@@ -51,8 +50,10 @@ def _scrapes() -> Store:
 def test_every_named_panel_has_data_from_the_real_services() -> None:
     store = _scrapes()
     panels = layout(store.metric_keys, store.history_keys)
-    empty = [p["id"] for p in panels if p["known"] and not p["series"] and p["id"] not in NOT_EXPORTED]
+    empty = [p["id"] for p in panels if p["known"] and not p["series"]]
     assert empty == [], f"named panels with no series from the services: {empty}"
+    missing = {p["id"]: p["missing"] for p in panels if p["known"] and p["missing"]}
+    assert missing == {}, f"named series no service exports: {missing}"
     by_id = {p["id"]: p for p in panels}
     assert "rate:llds_rollout_generated_tokens_total" in by_id["tokens"]["series"]
     assert "p95:llds_retriever_request_latency_seconds" in by_id["retrieval_latency"]["series"]

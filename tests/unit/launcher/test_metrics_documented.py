@@ -1,7 +1,8 @@
-"""Every service's /metrics text parses with prometheus_client and carries the documented names.
+"""Every service's /metrics text parses with prometheus_client and carries the documented names, and
+the step-record keys of ``llds_proto.steplog`` are the documented ones.
 
-The documented set is the metric table of docs/observability.md (the README's reference); the text
-is what each service's registry renders for GET /metrics.
+The documented sets are the metric table and the step-record table of docs/observability.md (the
+README's reference); the text is what each service's registry renders for GET /metrics.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from pathlib import Path
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+
+from llds_proto import steplog
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "observability.md"
 NAME_RE = re.compile(r"^llds_(retriever|rollout|trainer|dashboard)_[a-z0-9_]+$")
@@ -42,7 +45,7 @@ def _registry(service: str):  # type: ignore[no-untyped-def]
         from llds_trainer.metrics import TrainerMetrics
 
         return TrainerMetrics().registry
-    from llds.dashboard import DashboardMetrics
+    from llds.dashboard.metrics import DashboardMetrics
 
     return DashboardMetrics().registry
 
@@ -67,3 +70,18 @@ def test_metrics_parse_and_match_the_documented_set(service: str) -> None:
         assert ":" not in name
         if fam.type == "counter":
             assert f"{name}_total" in exposed
+
+
+def documented_step_keys() -> list[str]:
+    """Keys in the first column of the doc's "Step records" table."""
+    section = DOC.read_text().split("### Step records", 1)[1].split("\n### ", 1)[0]
+    return re.findall(r"^\| `([^`]+)` \|", section, flags=re.MULTILINE)
+
+
+def test_step_record_keys_are_documented() -> None:
+    keys = documented_step_keys()
+    assert len(keys) == len(set(keys)), "a key is documented twice"
+    assert set(keys) == steplog.KEYS, (
+        f"in steplog, not documented: {sorted(steplog.KEYS - set(keys))}; "
+        f"documented, not in steplog: {sorted(set(keys) - steplog.KEYS)}"
+    )

@@ -16,12 +16,12 @@ def _records(n: int = 12) -> list[dict[str, float]]:
     for s in range(1, n + 1):
         recs.append({
             "step": s, "reward/mean": 0.1 + 0.03 * s, "reward/exact_match": 0.05 * s,
-            "lld/correct_logp_mean": -1.0 - 0.05 * s, "lld/correct_logp_slope": -0.05,
-            "lld/displaced_frac_responses": min(1.0, 0.08 * s), "lld/displaced_frac_actions": 0.1,
+            "lld/correct_logp_token": -1.0 - 0.05 * s, "lld/correct_logp_slope": -0.05,
+            "lld/fell_fraction_responses": min(1.0, 0.08 * s), "lld/fell_fraction_actions": 0.1,
             "lld/first_action_logp": -2.0, "lld/later_action_logp": -1.2, "lld/correct_incorrect_gap": 0.4,
-            "lld/alarm": 0 if s < 5 else (1 if s < 9 else 2), "llds/gated_frac": 0.3, "loss/llds": 0.01 * s,
+            "lld/alarm": 0 if s < 5 else (1 if s < 9 else 2), "llds/gated_fraction": 0.3, "loss/llds": 0.01 * s,
             "loss/total": 1.0 / s, "actor/entropy": 1.2, "actor/grad_norm": 3.0 if s != 7 else math.nan,
-            "response/length_mean": 120.0, "response/turns_mean": 2.0, "response/valid_searches_mean": 1.0,
+            "rollout/response_len_mean": 120.0, "rollout/turns_mean": 2.0, "rollout/valid_searches_mean": 1.0,
         })  # fmt: skip
     return recs
 
@@ -100,7 +100,4 @@ def test_report_reads_the_trainers_own_key_names(tmp_path: Path) -> None:
     md = written["summary"].read_text()
     assert "| `lld/correct_logp_token` | -2 | -4 | -4 | -2 |" in md
     assert "| `llds/gated_fraction` |" in md and "| `rollout/turns_mean` |" in md
-    assert series(recs, "lld/correct_logp_mean|lld/correct_logp_token") == (
-        [1.0, 2.0, 3.0],
-        [-2.0, -3.0, -4.0],
-    )
+    assert series(recs, "lld/correct_logp_token") == ([1.0, 2.0, 3.0], [-2.0, -3.0, -4.0])

@@ -8,7 +8,7 @@ def test_llds_proto_imports_without_torch_or_vllm() -> None:
     code = (
         "import sys\n"
         "import llds_proto, llds_proto.codec, llds_proto.search_protocol, llds_proto.reward\n"
-        "import llds_proto.streams, llds_proto.schema\n"
+        "import llds_proto.streams, llds_proto.schema, llds_proto.steplog\n"
         "bad = sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'vllm', 'transformers'})\n"
         "assert not bad, bad\n"
     )

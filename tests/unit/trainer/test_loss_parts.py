@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 
+from llds_proto import steplog
 from llds_trainer.config import TrainerConfig
 from llds_trainer.core import Trainer
 from llds_trainer.loss import low_var_kl
@@ -101,6 +102,7 @@ def test_step_with_kl_and_entropy_matches_hand_computation(
     assert abs(statistics.mean(k3_all_tokens) - want_kl) > 1e-2 * want_kl
 
     rec = Trainer(_cfg(tiny_model_dir, ref_dir)).train_step(groups)
+    assert set(rec) <= steplog.KEYS, sorted(set(rec) - steplog.KEYS)  # every key has its constant
     assert rec["actor/updates"] == 1
     assert rec["loss/llds"] == 0.0
     assert rec["loss/policy"] == pytest.approx(want_policy, abs=1e-5)
