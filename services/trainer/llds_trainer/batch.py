@@ -34,6 +34,9 @@ class Sample:
     num_valid_searches: int
     num_turns: int
     advantage: float
+    overlong: bool = False
+    """Truncated (``finish_reason`` ``length`` or ``context``) and masked out of the loss by
+    ``overlong_filter``; its reward still counts in its group's advantage baseline."""
 
     @property
     def n_loss_tokens(self) -> int:
@@ -45,8 +48,16 @@ class Sample:
         return self.exact_match >= 0.5
 
 
-def samples_from_groups(groups: Sequence[TrajectoryGroup]) -> list[Sample]:
-    """Flatten groups to samples; the GRPO advantage is computed per group."""
+TRUNCATED = frozenset({"length", "context"})
+"""``Trajectory.finish_reason`` values of a response cut off by a length limit."""
+
+
+def samples_from_groups(groups: Sequence[TrajectoryGroup], overlong_filter: bool = False) -> list[Sample]:
+    """Flatten groups to samples; the GRPO advantage is computed per group.
+
+    ``overlong_filter`` (DAPO's overlong filtering): a truncated response keeps its place in its
+    group's advantage, but its loss mask is zeroed, so no loss, regulariser or update sees it.
+    """
     rewards: list[float] = []
     index: list[int] = []
     for gi, g in enumerate(groups):
@@ -58,13 +69,14 @@ def samples_from_groups(groups: Sequence[TrajectoryGroup]) -> list[Sample]:
     k = 0
     for g in groups:
         for t in g.trajectories:
+            overlong = overlong_filter and t.finish_reason in TRUNCATED
             out.append(
                 Sample(
                     group_id=g.group_id,
                     trajectory_id=t.trajectory_id,
                     prompt_ids=tuple(t.prompt_ids),
                     response_ids=tuple(t.response_ids),
-                    loss_mask=tuple(int(m) for m in t.loss_mask),
+                    loss_mask=tuple(0 if overlong else int(m) for m in t.loss_mask),
                     logprobs=tuple(t.logprobs),
                     versions=tuple(t.versions),
                     answer_span=tuple(t.answer_span) if t.answer_span else None,  # type: ignore[arg-type]
@@ -73,6 +85,7 @@ def samples_from_groups(groups: Sequence[TrajectoryGroup]) -> list[Sample]:
                     num_valid_searches=t.num_valid_searches,
                     num_turns=t.num_turns,
                     advantage=float(adv[k]),
+                    overlong=overlong,
                 )
             )
             k += 1

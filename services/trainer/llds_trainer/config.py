@@ -100,6 +100,11 @@ class TrainerConfig(ServiceSettings):
     """PPO clip range (lower, and upper unless ``clip_eps_high``)."""
     clip_eps_high: float | None = Field(default=None, gt=0)
     """Upper clip range; unset = symmetric."""
+    dual_clip_c: float | None = Field(default=None, gt=1)
+    """Dual clip: bound a negative-advantage token's loss at ``c * |A|`` (3.0 is common); unset = off."""
+    overlong_filter: bool = False
+    """DAPO's overlong filtering: truncated responses (finish ``length``/``context``) keep their
+    place in the group's advantage but are masked out of the loss (counted in ``data/overlong``)."""
     gspo_clip_eps: float = Field(default=3e-4, gt=0)
     """GSPO lower clip range of the sequence ratio."""
     gspo_clip_eps_high: float = Field(default=4e-4, gt=0)

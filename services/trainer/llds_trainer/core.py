@@ -314,9 +314,16 @@ class Trainer:
         """One RL step on ``groups``; returns the step's log record (slash-namespaced keys)."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        samples = samples_from_groups(groups)
+        samples = samples_from_groups(groups, overlong_filter=cfg.overlong_filter)
         if not samples or not any(s.n_loss_tokens for s in samples):
-            raise TrainerError("a step needs at least one trajectory with loss tokens")
+            raise TrainerError(
+                "a step needs at least one trajectory with loss tokens"
+                + (
+                    " (overlong_filter masked every truncated one)"
+                    if any(s.overlong for s in samples)
+                    else ""
+                )
+            )
         step = self.state.step
         lr = lr_at(cfg, step)
         for g in self.optimizer.param_groups:
@@ -352,6 +359,7 @@ class Trainer:
         ent_terms: list[float] = []
         totals: list[float] = []
         clip_fracs: list[float] = []
+        dual_clip_fracs: list[float] = []
         ratio_max = 0.0
         grad_norms: list[float] = []
         gated = [0, 0]
@@ -407,6 +415,7 @@ class Trainer:
                             mask,
                             clip_eps=cfg.clip_eps,
                             clip_eps_high=cfg.clip_eps_high,
+                            dual_clip_c=cfg.dual_clip_c,
                             agg=cfg.loss_agg,
                             is_weights=is_w,
                         )
@@ -433,6 +442,7 @@ class Trainer:
                     pg_losses.append(float(pg.detach()))
                     totals.append(float(loss.detach()))
                     clip_fracs.append(st.clip_frac)
+                    dual_clip_fracs.append(st.dual_clip_frac)
                     ratio_max = max(ratio_max, st.ratio_max)
                 self.dist.all_reduce_grads(self.params)
                 norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
@@ -446,13 +456,15 @@ class Trainer:
                 grad_norms.append(norm)
         t_train = time.perf_counter()
 
-        # Sums over ranks of the per-micro-batch diagnostics, so every rank logs the same record.
-        sums = self.dist.all_reduce_sum(
-            [sum(pg_losses), len(pg_losses), sum(llds_terms), len(llds_terms), sum(totals), sum(clip_fracs),
-             gated[0], gated[1], is_w_sum, is_w_n, is_trunc, train_tokens, sum(kl_terms), len(kl_terms),
-             sum(ent_terms), len(ent_terms)]
-        )  # fmt: skip
-        n_micro = max(sums[1], 1)
+        # Sums over ranks of the per-micro-batch diagnostics, keyed by name (every rank reduces the
+        # same names in the same order), so every rank logs the same record.
+        local = {"pg": sum(pg_losses), "micro": len(pg_losses), "llds": sum(llds_terms), "llds_n": len(llds_terms),
+                 "total": sum(totals), "clip": sum(clip_fracs), "dual_clip": sum(dual_clip_fracs),
+                 "gated": gated[0], "gate_units": gated[1], "is_w": is_w_sum, "is_n": is_w_n,
+                 "is_trunc": is_trunc, "train_tokens": train_tokens, "kl": sum(kl_terms), "kl_n": len(kl_terms),
+                 "ent": sum(ent_terms), "ent_n": len(ent_terms)}  # fmt: skip
+        sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
+        n_micro = max(sums["micro"], 1)
 
         after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld_probe else None
         self.state.step += 1
@@ -463,35 +475,37 @@ class Trainer:
             K.DATA_TRAJECTORIES: len(samples),
             K.DATA_LOSS_TOKENS: n_loss,
             K.DATA_STALE_TOKENS: stale_tokens,
+            K.DATA_OVERLONG: sum(s.overlong for s in samples),
             K.REWARD_MEAN: sum(s.reward for s in samples) / len(samples),
             K.REWARD_EXACT_MATCH: sum(s.exact_match for s in samples) / len(samples),
-            K.LOSS_TOTAL: sums[4] / n_micro,
-            K.LOSS_POLICY: sums[0] / n_micro,
-            K.LOSS_LLDS: sums[2] / max(sums[3], 1) if sums[3] else 0.0,
+            K.LOSS_TOTAL: sums["total"] / n_micro,
+            K.LOSS_POLICY: sums["pg"] / n_micro,
+            K.LOSS_LLDS: sums["llds"] / sums["llds_n"] if sums["llds_n"] else 0.0,
             # loss/total = loss/policy + kl_coef * loss/kl - entropy_coef * loss/entropy + loss/llds
             # (each a mean over the same micro-batches).
-            K.LOSS_KL: sums[12] / max(sums[13], 1) if sums[13] else None,
-            K.LOSS_ENTROPY: sums[14] / max(sums[15], 1) if sums[15] else None,
-            K.LLDS_GATED_FRACTION: sums[6] / sums[7] if sums[7] else 0.0,
+            K.LOSS_KL: sums["kl"] / sums["kl_n"] if sums["kl_n"] else None,
+            K.LOSS_ENTROPY: sums["ent"] / sums["ent_n"] if sums["ent_n"] else None,
+            K.LLDS_GATED_FRACTION: sums["gated"] / sums["gate_units"] if sums["gate_units"] else 0.0,
             K.LLDS_ANSWER_WEIGHT: ans_w,
             K.ACTOR_LR: lr,
             K.ACTOR_UPDATES: updates,
             K.ACTOR_NONFINITE_UPDATES: nonfinite,
             K.ACTOR_GRAD_NORM: _mean(grad_norms),
             K.ACTOR_GRAD_NORM_MAX: max(grad_norms) if grad_norms else None,
-            K.ACTOR_CLIP_FRAC: sums[5] / n_micro,
+            K.ACTOR_CLIP_FRAC: sums["clip"] / n_micro,
+            K.ACTOR_DUAL_CLIP_FRAC: sums["dual_clip"] / n_micro if cfg.dual_clip_c is not None else None,
             K.ACTOR_RATIO_MAX: ratio_max,
             K.MISMATCH_KL: _mean(mm_kl),
             K.MISMATCH_ABS_LOGP_DIFF: _mean(mm_abs),
-            K.IS_WEIGHT_MEAN: sums[8] / sums[9] if sums[9] else None,
-            K.IS_TRUNCATED_FRAC: sums[10] / sums[9] if sums[9] else None,
+            K.IS_WEIGHT_MEAN: sums["is_w"] / sums["is_n"] if sums["is_n"] else None,
+            K.IS_TRUNCATED_FRAC: sums["is_trunc"] / sums["is_n"] if sums["is_n"] else None,
             K.ROLLOUT_VALID_SEARCHES_MEAN: v_s,
             K.ROLLOUT_TURNS_MEAN: sum(s.num_turns for s in samples) / len(samples),
             K.ROLLOUT_RESPONSE_LEN_MEAN: sum(len(s.response_ids) for s in samples) / len(samples),
             K.PERF_STEP_S: t_train - t0 + (time.perf_counter() - t_train),
             K.PERF_OLD_PASS_S: t_old - t0,
             K.PERF_UPDATE_S: t_train - t_old,
-            K.PERF_TRAIN_TOKENS_PER_S: sums[11] / max(t_train - t_old, 1e-9),
+            K.PERF_TRAIN_TOKENS_PER_S: sums["train_tokens"] / max(t_train - t_old, 1e-9),
         }
         rec.update(self._lld_signals(samples, old, ent, after))
         rec[K.LLD_LLDS_TERM] = rec[K.LOSS_LLDS]

@@ -131,6 +131,8 @@ class PolicyLossStats:
     """Largest importance ratio pi_theta / pi_old over loss tokens."""
     ratio_mean: float
     """Mean ratio over loss tokens."""
+    dual_clip_frac: float = 0.0
+    """Fraction of loss tokens where the dual clip's bound was taken (negative advantage, huge ratio)."""
 
 
 def ppo_clip_loss(
@@ -141,10 +143,15 @@ def ppo_clip_loss(
     *,
     clip_eps: float = 0.2,
     clip_eps_high: float | None = None,
+    dual_clip_c: float | None = None,
     agg: Aggregation = "token_mean",
     is_weights: Tensor | None = None,
 ) -> tuple[Tensor, PolicyLossStats]:
     """PPO-clip policy loss with ratio ``exp(logp_new - logp_old)``.
+
+    Per token ``max(-A r, -A clip(r, 1 - eps, 1 + eps_high))``; with dual clip (Ye et al. 2020,
+    arXiv 1912.09729) tokens with ``A < 0`` are further bounded by ``-A c``, so one token whose ratio
+    exploded cannot dominate the loss of a negative sample.
 
     Args:
         logp_new: ``[B, T]`` current policy log-probs (with gradient).
@@ -153,6 +160,7 @@ def ppo_clip_loss(
         loss_mask: ``[B, T]`` 0/1.
         clip_eps: lower clip range; also the upper one unless ``clip_eps_high`` is given.
         clip_eps_high: upper clip range (DAPO's clip-higher); ``None`` = symmetric.
+        dual_clip_c: the dual clip's bound ``c`` (> 1; 3.0 is common), or None for none.
         agg: token aggregation.
         is_weights: ``[B, T]`` truncated importance weights against the sampler (detached), or None.
 
@@ -167,6 +175,13 @@ def ppo_clip_loss(
     unclipped = -adv * ratio  # [B, T]
     clipped = -adv * torch.clamp(ratio, 1.0 - clip_eps, 1.0 + high)  # [B, T]
     per_token = torch.maximum(unclipped, clipped)  # [B, T]
+    dual = torch.zeros_like(mask)  # [B, T]
+    if dual_clip_c is not None:
+        if dual_clip_c <= 1:
+            raise ValueError(f"dual_clip_c must be > 1, got {dual_clip_c}")
+        bound = -adv * dual_clip_c  # [B, 1]
+        dual = (adv < 0) & (per_token > bound) & mask  # [B, T]
+        per_token = torch.where(adv < 0, torch.minimum(per_token, bound), per_token)  # [B, T]
     if is_weights is not None:
         per_token = per_token * is_weights.detach()
     loss = aggregate(per_token, loss_mask, agg)
@@ -176,6 +191,7 @@ def ppo_clip_loss(
             clip_frac=float(((clipped > unclipped) & mask).sum() / n),
             ratio_max=float(ratio[mask].max()) if mask.any() else 1.0,
             ratio_mean=float(ratio[mask].mean()) if mask.any() else 1.0,
+            dual_clip_frac=float(dual.sum() / n),
         )
     return loss, stats
 

@@ -96,3 +96,40 @@ def test_kl_entropy_gspo_and_seq_mean_variants_run(tiny_model_dir: Path, groups:
     r2 = t2.train_step(groups[:2])
     assert r2["actor/lr"] == pytest.approx(1e-3 / 4)
     assert all(isinstance(v, (int, float)) or v is None for v in r2.values())
+
+
+def _truncate(group: Any, which: set[int]) -> Any:
+    """``group`` with its trajectories at ``which`` cut off by the length limit."""
+    trajs = [t.model_copy(update={"finish_reason": "length"}) if i in which else t
+             for i, t in enumerate(group.trajectories)]  # fmt: skip
+    return group.model_copy(update={"trajectories": trajs})
+
+
+def test_overlong_filter_masks_truncated_responses_but_keeps_them_in_the_baseline(
+    tiny_model_dir: Path, groups: list[Any]
+) -> None:
+    from llds_trainer.batch import samples_from_groups
+    from llds_trainer.core import TrainerError
+
+    cut = [_truncate(groups[0], {0}), _truncate(groups[1], {1, 2})]
+    plain = samples_from_groups(cut)
+    kept = samples_from_groups(cut, overlong_filter=True)
+    assert [s.overlong for s in kept] == [True, False, False, False, True, True]
+    assert [s.advantage for s in kept] == [s.advantage for s in plain]  # same group baselines
+    for p, k in zip(plain, kept, strict=True):
+        assert k.loss_mask == (tuple(0 for _ in p.loss_mask) if k.overlong else p.loss_mask)
+        assert not p.overlong
+    rec = Trainer(_cfg(tiny_model_dir, overlong_filter=True)).train_step(cut)
+    assert rec["data/overlong"] == 3
+    assert rec["data/loss_tokens"] == sum(s.n_loss_tokens for s in kept) < sum(s.n_loss_tokens for s in plain)
+    assert Trainer(_cfg(tiny_model_dir)).train_step(cut)["data/overlong"] == 0  # off: trained as before
+    with pytest.raises(TrainerError, match="overlong_filter masked every truncated one"):
+        Trainer(_cfg(tiny_model_dir, overlong_filter=True)).train_step([_truncate(groups[0], {0, 1, 2})])
+
+
+def test_dual_clip_is_logged_only_when_on(tiny_model_dir: Path, groups: list[Any]) -> None:
+    on = Trainer(_cfg(tiny_model_dir, dual_clip_c=3.0, lr=5e-2)).train_step(groups[:2])
+    assert 0.0 <= on["actor/dual_clip_frac"] <= 1.0
+    assert Trainer(_cfg(tiny_model_dir)).train_step(groups[:2])["actor/dual_clip_frac"] is None
+    with pytest.raises(ValueError, match="dual_clip_c"):
+        _cfg(tiny_model_dir, dual_clip_c=0.5)

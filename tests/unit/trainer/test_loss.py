@@ -209,6 +209,30 @@ def test_ppo_clip_hand_computed() -> None:
     assert weighted.item() == pytest.approx((1.5 + 2.2 + 0.4) / 3, rel=1e-6)
 
 
+def test_dual_clip_bounds_only_negative_advantage_tokens_hand_computed() -> None:
+    old = torch.log(torch.tensor([[0.1, 0.1, 0.1, 0.1]]))
+    new = torch.log(torch.tensor([[0.5, 0.25, 0.1, 0.05]]))  # ratios 5, 2.5, 1, 0.5
+    mask = torch.tensor([[1, 1, 1, 1]])
+    loss, stats = ppo_clip_loss(new, old, torch.tensor([-2.0]), mask, clip_eps=0.2, dual_clip_c=3.0)
+    # A = -2: PPO per token -A * max(r, clip(r)) = 2 * [5, 2.5, 1, 0.8]; the dual clip caps it at
+    # -A * c = 6: [6, 5, 2, 1.6]; only the first token hits the bound
+    assert loss.item() == pytest.approx((6 + 5 + 2 + 1.6) / 4, rel=1e-6)
+    assert stats.dual_clip_frac == pytest.approx(1 / 4)
+    plain, plain_stats = ppo_clip_loss(new, old, torch.tensor([-2.0]), mask, clip_eps=0.2)
+    assert plain.item() == pytest.approx((10 + 5 + 2 + 1.6) / 4, rel=1e-6)
+    assert plain_stats.dual_clip_frac == 0.0
+    # positive advantage: untouched by the dual clip (its ratio is already capped by 1 + eps)
+    pos, pos_stats = ppo_clip_loss(new, old, torch.tensor([1.0]), mask, clip_eps=0.2, dual_clip_c=3.0)
+    assert pos.item() == pytest.approx(-(1.2 + 1.2 + 1.0 + 0.5) / 4, rel=1e-6)
+    assert pos_stats.dual_clip_frac == 0.0
+    # the bound's gradient is zero: the exploded token no longer pushes its probability down
+    new_p = new.clone().requires_grad_(True)
+    ppo_clip_loss(new_p, old, torch.tensor([-2.0]), mask, clip_eps=0.2, dual_clip_c=3.0)[0].backward()
+    assert new_p.grad is not None and new_p.grad[0, 0].item() == 0.0 and new_p.grad[0, 1].item() != 0.0
+    with pytest.raises(ValueError, match="dual_clip_c must be > 1"):
+        ppo_clip_loss(new, old, torch.tensor([-2.0]), mask, dual_clip_c=1.0)
+
+
 def test_aggregations() -> None:
     v = torch.tensor([[1.0, 2.0, 3.0, 9.0], [4.0, 9.0, 9.0, 9.0]])
     m = torch.tensor([[1, 1, 1, 0], [1, 0, 0, 0]])
