@@ -164,8 +164,12 @@ def summarize(name: str, results: list[dict[str, object]]) -> dict[str, float | 
 
 
 def markdown(rows: list[dict[str, float | int | str]], meta: dict[str, object]) -> str:
-    lines = [f"# Evaluation: {meta['model']}", "", f"Greedy, max {meta['max_turns']} search turns, top-3 retrieval; "
-             f"weights version {meta['weights_version']}; {meta['seconds']:.0f} s.", "",
+    shape = meta.get("shape") or {}
+    where = f" (rollout config {meta['rollout_config']})" if meta.get("rollout_config") else ""
+    lines = [f"# Evaluation: {meta['model']}", "", f"Greedy, max {meta['max_turns']} search turns, top-"
+             f"{shape.get('topk', 3)} retrieval, at most {shape.get('max_tokens_per_turn', '?')} tokens a turn and "
+             f"{shape.get('max_obs_tokens', '?')} per search{where}; weights version {meta['weights_version']}; "
+             f"{meta['seconds']:.0f} s.", "",
              "| dataset | n | EM | F1 | substring | searches/q | turns/q |", "|---|---|---|---|---|---|---|"]  # fmt: skip
     for r in rows:
         lines.append(f"| {r['dataset']} | {r['n']} | {r['em']:.3f} | {r['f1']:.3f} | {r['substring']:.3f} "
@@ -177,7 +181,13 @@ class _Services:
     """Retriever + rollout started for a ``--model`` evaluation, stopped afterwards."""
 
     def __init__(
-        self, model: str, retriever_url: str | None, index: Path | None, log_dir: Path, engine: str = "vllm"
+        self,
+        model: str,
+        retriever_url: str | None,
+        index: Path | None,
+        log_dir: Path,
+        engine: str = "vllm",
+        rollout_config: Path | None = None,
     ):
         self.model, self.retriever_url, self.index, self.log_dir = (
             model,
@@ -186,6 +196,7 @@ class _Services:
             log_dir,
         )
         self.engine = engine
+        self.rollout_config = rollout_config
         self.children: list = []
 
     def __enter__(self) -> str:
@@ -203,8 +214,9 @@ class _Services:
             self.retriever_url = f"http://127.0.0.1:{port}"
             wait_healthy(c, f"{self.retriever_url}/health", 300)
         port = free_port()
-        c = Child("rollout", [*py, "rollout", "serve", "--no-train", "--engine", self.engine, "--model", self.model,
-                              "--retriever-url", self.retriever_url, "--port", str(port)],
+        config = ["--config", str(self.rollout_config)] if self.rollout_config else []
+        c = Child("rollout", [*py, "rollout", "serve", *config, "--no-train", "--engine", self.engine, "--model",
+                              self.model, "--retriever-url", self.retriever_url, "--port", str(port)],
                   self.log_dir / "rollout.log", env).start(echo=False)  # fmt: skip
         self.children.append(c)
         url = f"http://127.0.0.1:{port}"
@@ -235,7 +247,9 @@ def run(args: argparse.Namespace) -> dict[str, object]:
                     "these datasets need different retrievers (or a file set needs one): pass --retriever-url"
                 )
             index = indexes.pop()
-        url_ctx = _Services(args.model, args.retriever_url, index, out / "logs", args.engine)
+        url_ctx = _Services(
+            args.model, args.retriever_url, index, out / "logs", args.engine, args.rollout_config
+        )
         url = url_ctx.__enter__()  # type: ignore[attr-defined]
     try:
         rows, per_example = [], {}
@@ -256,12 +270,23 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         rows.append({"dataset": "average", "n": sum(int(r["n"]) for r in rows), **avg})
     meta = {"model": args.model or args.rollout_url, "max_turns": args.max_turns, "weights_version": version,
             "seconds": time.monotonic() - t0}  # fmt: skip
+    if args.model:  # the rollout started here: its answer shape (a --rollout-url service's is its own)
+        meta["rollout_config"] = str(args.rollout_config) if args.rollout_config else None
+        meta["shape"] = answer_shape(args.rollout_config)
     report = {"meta": meta, "summary": rows, "examples": per_example}
     (out / "eval.json").write_text(json.dumps(report, indent=2) + "\n")
     (out / "eval.md").write_text(markdown(rows, meta))
     print(markdown(rows, meta))
     print(f"wrote {out / 'eval.json'} and {out / 'eval.md'}")
     return report
+
+
+def answer_shape(rollout_config: Path | None) -> dict[str, int]:
+    """Top-k and token limits of answers from a rollout started with ``rollout_config`` (or defaults)."""
+    from llds_rollout.config import RolloutSettings
+
+    s = RolloutSettings.load(rollout_config, {"train": False})
+    return {"topk": s.topk, "max_tokens_per_turn": s.max_tokens_per_turn, "max_obs_tokens": s.max_obs_tokens}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -287,6 +312,12 @@ def build_parser() -> argparse.ArgumentParser:
         default="vllm",
         help="inference backend of the rollout started for --model",
     )
+    p.add_argument(
+        "--rollout-config",
+        type=Path,
+        help="rollout TOML of the rollout started for --model (top-k, document and turn lengths; default: "
+        "the rollout's defaults, 3 documents of 500 tokens, 500 tokens a turn)",
+    )
     p.add_argument("--limit", type=int, default=0, help="first N questions of each set (0 = all)")
     p.add_argument("--concurrency", type=int, default=8, help="questions in flight")
     p.add_argument("--world-seed", type=int, default=0, help="seed of the built-in synthetic world")
@@ -297,6 +328,8 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     p = build_parser()
     args = p.parse_args(argv)
+    if args.rollout_config is not None and (args.model is None or not args.rollout_config.is_file()):
+        p.error(f"--rollout-config {args.rollout_config}: needs --model and an existing TOML file")
     if args.max_turns < 1 or args.concurrency < 1 or args.limit < 0:
         p.error(
             f"--max-turns ({args.max_turns}) and --concurrency ({args.concurrency}) must be >= 1, --limit >= 0"

@@ -259,13 +259,28 @@ def run_one(
 ) -> dict[str, Any]:
     """Train (or continue) one (arm, seed) run, evaluate it, write its result and compact log. The
     arm's trainer overrides default to ``ARMS[arm]``; ``rollout`` overrides the rollout preset."""
-    import subprocess
 
     trainer = ARMS[arm] if trainer is None else trainer
     folder = args.out / "runs" / run_name(arm, seed)
     if (folder / "result.json").is_file():
-        print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
-        return dict(json.loads((folder / "result.json").read_text()))
+        result = dict(json.loads((folder / "result.json").read_text()))
+        weights = sorted(p.parent for p in (folder / "run" / "weights").glob("v*/COMPLETE"))
+        if (
+            args.eval_limit
+            and weights
+            and result.get("eval_shape") != _shape(folder / "rollout_variant.toml")
+        ):
+            # Evaluated before evaluations used the run's own rollout shape: evaluate again, train nothing.
+            print(
+                f"== {run_name(arm, seed)}: finished earlier; evaluating it again in its rollout shape",
+                flush=True,
+            )
+            result |= evaluate(weights[-1], folder / "rollout_variant.toml", args.eval_limit, folder / "eval",
+                               run_name(arm, seed))  # fmt: skip
+            (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        else:
+            print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
+        return result
     run = folder / "run"
     resume = (run / "up_config.toml").is_file()
     if resume and not args.resume:
@@ -282,8 +297,14 @@ def run_one(
         cfgs["rollout"].write_text(tomli_w.dumps(seeded))
     cmd = _up_command(args, run, cfgs, resume)
     t0 = time.monotonic()
-    print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
-    stopped = _train(cmd, run, getattr(args, "stop_dead", 0), args.steps)
+    stop_dead = getattr(args, "stop_dead", 0)
+    if resume and stop_dead and dead(earlier := _read_log(run), stop_dead):
+        # Stopped dead before an interruption (of its evaluation, say): nothing left to train.
+        stopped: int | None = int(earlier[-1][K.STEP])
+        print(f"== {run_name(arm, seed)}: stopped dead at step {stopped} earlier; evaluating", flush=True)
+    else:
+        print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
+        stopped = _train(cmd, run, stop_dead, args.steps)
     log = _read_log(run)
     result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0}
     if rollout:
@@ -292,16 +313,63 @@ def run_one(
         result |= {"stopped_dead_at": stopped, "stop_dead": args.stop_dead}
     done = sorted(p.parent for p in (run / "weights").glob("v*/COMPLETE"))
     if done and args.eval_limit:
-        ev = [sys.executable, "-m", "llds.cli", "eval", "--model", str(done[-1]), "--data", "synthworld-eval",
-              "--limit", str(args.eval_limit), "--out", str(folder / "eval")]  # fmt: skip
-        if subprocess.run(ev).returncode != 0:
-            raise RuntimeError(f"{run_name(arm, seed)}: evaluation failed")
-        summary = json.loads((folder / "eval" / "eval.json").read_text())["summary"][0]
-        result |= {"eval_em": summary["em"], "eval_f1": summary["f1"], "eval_searches": summary["searches"],
-                   "eval_n": args.eval_limit}  # fmt: skip
+        result |= evaluate(done[-1], cfgs["rollout"], args.eval_limit, folder / "eval", run_name(arm, seed))
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     (args.out / "logs" / f"{run_name(arm, seed)}.jsonl").write_text(compact(log))
     (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    return result
+
+
+def evaluate(model: Path, rollout_config: Path, limit: int, out: Path, name: str) -> dict[str, Any]:
+    """Held-out EM of ``model`` on the first ``limit`` questions, answered in the run's own rollout shape
+    (``rollout_config``: its top-k, document and turn lengths). The rollout's defaults (500 tokens a turn)
+    let a collapsed policy ramble: 20 to 30 minutes for 100 questions on 2 cores, not 3."""
+    import subprocess
+
+    ev = [sys.executable, "-m", "llds.cli", "eval", "--model", str(model), "--data", "synthworld-eval",
+          "--limit", str(limit), "--rollout-config", str(rollout_config), "--out", str(out)]  # fmt: skip
+    if subprocess.run(ev).returncode != 0:
+        raise RuntimeError(f"{name}: evaluation failed")
+    summary = json.loads((out / "eval.json").read_text())["summary"][0]
+    return {"eval_em": summary["em"], "eval_f1": summary["f1"], "eval_searches": summary["searches"],
+            "eval_n": limit, "eval_shape": _shape(rollout_config)}  # fmt: skip
+
+
+def _shape(rollout_config: Path) -> dict[str, int] | None:
+    """The answer shape (top-k, token limits) an evaluation with ``rollout_config`` uses."""
+    from llds.evaluate import answer_shape
+
+    return answer_shape(rollout_config) if rollout_config.is_file() else None
+
+
+def start_policy(args: argparse.Namespace) -> Path | None:
+    """The policy every run starts from (None: the gpu preset without --model)."""
+    from llds import assets
+    from llds.up import ensure_warmstart
+
+    if args.model:
+        return Path(args.model)
+    up_preset = PRESETS[args.preset][0]
+    if up_preset == "tiny":
+        return assets.tiny_model_dir()
+    return ensure_warmstart(0) if up_preset == "cpu" else None
+
+
+def baseline(args: argparse.Namespace) -> dict[str, Any] | None:
+    """Held-out EM of the starting policy, in the runs' rollout shape (OUT/baseline; done once)."""
+    folder = args.out / "baseline"
+    done = folder / "result.json"
+    if done.is_file():
+        return dict(json.loads(done.read_text()))
+    model = start_policy(args)
+    if model is None or not args.eval_limit:
+        return None
+    folder.mkdir(parents=True, exist_ok=True)
+    cfg = folder / "rollout.toml"
+    cfg.write_text(tomli_w.dumps(preset_config(args.preset, "rollout")))
+    print(f"== baseline: evaluating the starting policy {model}", flush=True)
+    result = {"model": str(model)} | evaluate(model, cfg, args.eval_limit, folder / "eval", "baseline")
+    done.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
 
@@ -397,7 +465,11 @@ def paired(results: list[dict[str, Any]], key: str, baseline: str = "grpo") -> l
 
 
 def report(
-    results: list[dict[str, Any]], args: argparse.Namespace, plots: list[Path], plot_prefix: str = ""
+    results: list[dict[str, Any]],
+    args: argparse.Namespace,
+    plots: list[Path],
+    plot_prefix: str = "",
+    base: dict[str, Any] | None = None,
 ) -> str:
     lines = [
         "# The LLD experiment",
@@ -417,6 +489,9 @@ def report(
             f"| {_f(r['reward_peak_ma'])} | {_f(r['collapse_step'])} | {_f(r['logp_turn_step'])} "
             f"| {_f(r['first_warning_step'])} | {_f(r['first_action_step'])} | {_f(r.get('eval_em'))} |"
         )
+    if base is not None:
+        lines += ["", f"The starting policy (`{Path(base['model']).name}`), evaluated the same way: held-out EM "
+                  f"{_f(base['eval_em'])} on {base['eval_n']} questions."]  # fmt: skip
     if not results:
         lines += ["", "No (arm, seed) run of this command has finished yet."]
     diffs = paired(results, "eval_em") + paired(results, "reward_last")
@@ -427,10 +502,15 @@ def report(
     return "\n".join(lines)
 
 
-def repo_report(results: list[dict[str, Any]], args: argparse.Namespace, plots: list[Path]) -> str:
+def repo_report(
+    results: list[dict[str, Any]],
+    args: argparse.Namespace,
+    plots: list[Path],
+    base: dict[str, Any] | None = None,
+) -> str:
     """The repository's EXPERIMENTS.md: the comparison, then the collapse search it rests on (from
     docs/collapse-search/results.json), then the hand-written reading (docs/experiment-lld/notes.md)."""
-    md = report(results, args, plots, plot_prefix="docs/experiment-lld/")
+    md = report(results, args, plots, plot_prefix="docs/experiment-lld/", base=base)
     found = SEARCH_DIR / "results.json"
     if found.is_file():
         search = json.loads(found.read_text())
@@ -606,16 +686,23 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, k, v)
     else:
         (args.out / "study.json").write_text(json.dumps({k: getattr(args, k) for k in STUDY_KEYS}) + "\n")
+        baseline(args)
         results = [_run_or_exit(a, s, args) for s in seeds for a in arms]
         (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
     logs = load_logs(args.out, results)
     plots = plot(results, logs, args.out)
-    md = report(results, args, plots)
+    found = args.out / "baseline" / "result.json"
+    base = json.loads(found.read_text()) if found.is_file() else None
+    md = report(results, args, plots, base=base)
     (args.out / "EXPERIMENTS.md").write_text(md)
     if args.write_repo_report:
         files = [*plots, args.out / "results.json", args.out / "study.json"]
         _copy_to_repo(ROOT / "docs" / "experiment-lld", files, args.out, logs)
-        (ROOT / "EXPERIMENTS.md").write_text(repo_report(results, args, plots))
+        if found.is_file():
+            import shutil
+
+            shutil.copy(found, ROOT / "docs" / "experiment-lld" / "baseline.json")
+        (ROOT / "EXPERIMENTS.md").write_text(repo_report(results, args, plots, base=base))
     print(md)
     return 0
 

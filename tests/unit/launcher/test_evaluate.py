@@ -69,3 +69,26 @@ def test_mixed_built_in_sets_without_a_retriever_are_refused(tmp_path: Path) -> 
                               model="m", retriever_url=None, world_seed=0, max_turns=1, concurrency=1)  # fmt: skip
     with pytest.raises(EvalError, match="retriever"):
         run(args)
+
+
+def test_rollout_config_needs_model_and_a_file_and_sets_the_reported_shape(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from llds.evaluate import answer_shape, main, markdown
+
+    with pytest.raises(SystemExit):
+        main(
+            ["--rollout-url", "http://127.0.0.1:1", "--data", "synthworld-eval", "--rollout-config", "x.toml"]
+        )
+    with pytest.raises(SystemExit):
+        main(
+            ["--model", "m", "--data", "synthworld-eval", "--rollout-config", str(tmp_path / "missing.toml")]
+        )
+    assert "--rollout-config" in capsys.readouterr().err
+    cfg = tmp_path / "rollout.toml"
+    cfg.write_text("topk = 2\nmax_obs_tokens = 160\nmax_tokens_per_turn = 64\n")
+    shape = answer_shape(cfg)
+    assert shape == {"topk": 2, "max_tokens_per_turn": 64, "max_obs_tokens": 160}
+    meta = {"model": "m", "max_turns": 4, "weights_version": 3, "seconds": 1.0, "shape": shape,
+            "rollout_config": str(cfg)}  # fmt: skip
+    assert "top-2 retrieval, at most 64 tokens a turn and 160 per search" in markdown([], meta)

@@ -251,3 +251,88 @@ def test_the_cpu_collapse_preset_is_the_cpu_preset_with_the_searched_configs(
     assert trainer["groups_per_step"] == cpu["trainer"]["groups_per_step"]
     assert rollout["engine"] == cpu["rollout"]["engine"] | {"seed": 0}
     assert rollout["group_size"] == cpu["rollout"]["group_size"]
+
+
+def _fake_eval(calls: list[list[str]], em: float = 0.5) -> Any:
+    """subprocess.run for ``llds eval``: records the command, writes the eval.json it would write."""
+
+    def run(cmd: list[str], *a: Any, **k: Any) -> Any:
+        calls.append(cmd)
+        out = Path(cmd[cmd.index("--out") + 1])
+        out.mkdir(parents=True, exist_ok=True)
+        (out / "eval.json").write_text(json.dumps({"summary": [{"em": em, "f1": em, "searches": 1.0}]}))
+        return argparse.Namespace(returncode=0)
+
+    return run
+
+
+def test_a_run_stopped_dead_before_an_interruption_is_evaluated_on_resume_not_trained_again(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    trained: list[list[str]] = []
+    evals: list[list[str]] = []
+    monkeypatch.setattr(experiment, "_train", lambda cmd, *a: trained.append(cmd))
+    monkeypatch.setattr(subprocess, "run", _fake_eval(evals, em=0.03))
+    folder = tmp_path / "runs" / "grpo-s0"
+    run = folder / "run"
+    (run / "trainer").mkdir(parents=True)
+    (run / "up_config.toml").write_text("")
+    (folder / "rollout_variant.toml").write_text("topk = 2\n")
+    (folder / "trainer_variant.toml").write_text("")
+    dead_log = [{"step": i + 1, "reward/mean": r} for i, r in enumerate([0.5, 0.25, 0, 0, 0, 0])]
+    (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in dead_log))
+    (run / "weights" / "v000006").mkdir(parents=True)
+    (run / "weights" / "v000006" / "COMPLETE").write_text("")
+    args = argparse.Namespace(out=tmp_path, preset="cpu-collapse", trainer_config=None, model=None, steps=20,
+                              eval_limit=100, resume=True, stop_dead=4)  # fmt: skip
+    r = experiment.run_one("grpo", 0, args)
+    assert trained == []  # nothing left to train
+    assert r["stopped_dead_at"] == 6 and r["eval_em"] == 0.03 and r["eval_n"] == 100
+    (cmd,) = evals
+    # evaluated in the run's own rollout shape, on the last published weights
+    assert cmd[cmd.index("--rollout-config") + 1] == str(folder / "rollout_variant.toml")
+    assert cmd[cmd.index("--model") + 1] == str(run / "weights" / "v000006")
+
+
+def test_the_starting_policy_is_evaluated_once_in_the_runs_rollout_shape(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    evals: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", _fake_eval(evals, em=0.7))
+    args = argparse.Namespace(
+        out=tmp_path, preset="cpu-collapse", model=str(tmp_path / "policy"), eval_limit=100
+    )
+    first = experiment.baseline(args)
+    assert first == {"model": str(tmp_path / "policy"), "eval_em": 0.7, "eval_f1": 0.7, "eval_searches": 1.0,
+                     "eval_n": 100, "eval_shape": {"topk": 2, "max_tokens_per_turn": 64, "max_obs_tokens": 160}}  # fmt: skip
+    assert experiment.baseline(args) == first and len(evals) == 1  # done once
+    shape = tomllib.loads(Path(evals[0][evals[0].index("--rollout-config") + 1]).read_text())
+    assert shape == experiment.preset_config("cpu-collapse", "rollout")
+    md = experiment.report([], argparse.Namespace(preset="cpu-collapse", steps=20, eval_limit=100, seeds="0",
+                                                  arms="grpo"), [], base=first)  # fmt: skip
+    assert "The starting policy (`policy`), evaluated the same way: held-out EM 0.700 on 100 questions." in md
+
+
+def test_a_finished_run_evaluated_in_another_shape_is_evaluated_again_not_trained(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import subprocess
+
+    evals: list[list[str]] = []
+    monkeypatch.setattr(experiment, "_train", lambda *a: pytest.fail("a finished run must not train"))
+    monkeypatch.setattr(subprocess, "run", _fake_eval(evals, em=0.6))
+    folder = tmp_path / "runs" / "grpo_llds-s0"
+    (folder / "run" / "weights" / "v000020").mkdir(parents=True)
+    (folder / "run" / "weights" / "v000020" / "COMPLETE").write_text("")
+    (folder / "rollout_variant.toml").write_text("topk = 2\nmax_tokens_per_turn = 64\n")
+    old = {"arm": "grpo_llds", "seed": 0, "steps": 20, "eval_em": 0.5, "eval_n": 100}  # default-shape eval
+    (folder / "result.json").write_text(json.dumps(old))
+    args = argparse.Namespace(out=tmp_path, preset="cpu-collapse", eval_limit=100, resume=True)
+    again = experiment.run_one("grpo_llds", 0, args)
+    assert again["eval_em"] == 0.6 and again["eval_shape"]["max_tokens_per_turn"] == 64 and len(evals) == 1
+    assert json.loads((folder / "result.json").read_text()) == again
+    assert experiment.run_one("grpo_llds", 0, args) == again and len(evals) == 1  # same shape: skipped
