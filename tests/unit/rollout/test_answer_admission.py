@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from llds_rollout.answer_admission import AnswerAdmission, AnswerSaturatedError
+from llds_rollout.answer_admission import AnswerAdmission, AnswerSaturatedError, AnswerTicket
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -56,17 +56,26 @@ def test_waiters_start_in_arrival_order_as_slots_free() -> None:
     run(main())
 
 
+async def _cancel_a_waiter(hand_over_first: bool) -> tuple[AnswerAdmission, AnswerTicket]:
+    """One running ticket, one waiter whose wait is cancelled (after the running ticket handed it its
+    slot, with ``hand_over_first``) and then released; returns the admission and the running ticket."""
+    adm = AnswerAdmission(max_in_flight=1, max_queued=1)
+    first = adm.admit()
+    waiter = adm.admit()
+    task = asyncio.create_task(waiter.wait())
+    await asyncio.sleep(0)
+    if hand_over_first:
+        first.release()  # hands the slot over: the waiter's future is resolved ...
+    task.cancel()  # ... and the waiter is cancelled before it runs again
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    waiter.release()
+    return adm, first
+
+
 def test_a_cancelled_waiter_gives_back_its_queue_place() -> None:
     async def main() -> None:
-        adm = AnswerAdmission(max_in_flight=1, max_queued=1)
-        first = adm.admit()
-        waiter = adm.admit()
-        task = asyncio.create_task(waiter.wait())
-        await asyncio.sleep(0)
-        task.cancel()
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        waiter.release()
+        adm, first = await _cancel_a_waiter(hand_over_first=False)
         assert adm.queued == 0
         adm.admit().release()  # its queue place is free again: admitting one more does not raise
         first.release()
@@ -77,16 +86,7 @@ def test_a_cancelled_waiter_gives_back_its_queue_place() -> None:
 
 def test_a_slot_handed_to_a_waiter_cancelled_before_it_resumed_is_not_lost() -> None:
     async def main() -> None:
-        adm = AnswerAdmission(max_in_flight=1, max_queued=1)
-        first = adm.admit()
-        waiter = adm.admit()
-        task = asyncio.create_task(waiter.wait())
-        await asyncio.sleep(0)
-        first.release()  # hands the slot over: the waiter's future is resolved ...
-        task.cancel()  # ... and the waiter is cancelled before it runs again
-        with pytest.raises(asyncio.CancelledError):
-            await task
-        waiter.release()
+        adm, _ = await _cancel_a_waiter(hand_over_first=True)
         assert (adm.in_flight, adm.queued) == (0, 0)
         # and a ticket that never waited at all (a request that failed before) frees its place too
         a, b = adm.admit(), adm.admit()
