@@ -110,17 +110,21 @@ def resolve(argv: list[str]) -> tuple[Callable[[list[str]], int], list[str]]:
     raise SystemExit(2)
 
 
+_LIGHT_ENGINE = {"--engine=transformers", "--engine.type=transformers", "--set=engine.type=transformers"}
+"""The ways of asking an engine subcommand for the transformers backend (``--engine X`` spelled
+either way, its dotted name, or ``--set``)."""
+
+
 def _maybe_reexec(argv: list[str]) -> None:
     """Engine subcommands started without vLLM importable re-run themselves under ``vllm_python``
-    (once; unless ``--engine transformers`` is given; if there is none, they run here and a vLLM
-    engine fails to start with a message saying how to get one)."""
+    (once; unless the transformers backend is asked for, see ``_LIGHT_ENGINE``; if there is none,
+    they run here and a vLLM engine fails to start with a message saying how to get one)."""
     if tuple(argv[:2]) not in ENGINE_ROUTES and tuple(argv[:1]) not in ENGINE_ROUTES:
         return
     if os.environ.get(_REEXEC_ENV):
         return
     if any(
-        a == "--engine=transformers" or (a == "--engine" and b == "transformers")
-        for a, b in zip(argv, [*argv[1:], ""], strict=True)
+        f"{a}={b}" in _LIGHT_ENGINE or a in _LIGHT_ENGINE for a, b in zip(argv, [*argv[1:], ""], strict=True)
     ):
         return  # asked for the light backend: stay in this environment
     py = vllm_python()

@@ -382,6 +382,38 @@ def _run_or_exit(*a: Any, **k: Any) -> dict[str, Any]:
         ) from None
 
 
+def _merge_results(out: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """OUT/results.json with ``new`` merged in by (arm, seed), ordered by seed then arm: invocations of
+    the study with different --seeds or --arms add up instead of overwriting each other."""
+    path = out / "results.json"
+    old = json.loads(path.read_text()) if path.is_file() else []
+    by = {(r["arm"], r["seed"]): r for r in [*old, *new]}
+    order = {a: i for i, a in enumerate(ARMS)}
+    results = sorted(by.values(), key=lambda r: (r["seed"], order.get(r["arm"], len(order)), r["arm"]))
+    path.write_text(json.dumps(results, indent=1) + "\n")
+    return results
+
+
+def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) -> None:
+    """OUT/study.json: this command, with --seeds and --arms widened to every earlier invocation's."""
+    path = args.out / "study.json"
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    seen_seeds = {int(x) for x in str(old.get("seeds", "")).split(",") if x.strip()} | set(seeds)
+    seen_arms = {x for x in str(old.get("arms", "")).split(",") if x.strip()} | set(arms)
+    study = {k: getattr(args, k) for k in STUDY_KEYS}
+    differ = [f"{k} {old[k]!r} there, {study[k]!r} here" for k in ("preset", "steps", "eval_limit", "stop_dead")
+              if k in old and old[k] != study[k]]  # fmt: skip
+    if differ:
+        raise SystemExit(
+            f"llds experiment: {path} is another study ({'; '.join(differ)}); pass another --out"
+        )
+    study["seeds"] = ",".join(str(x) for x in sorted(seen_seeds))
+    study["arms"] = ",".join(
+        sorted(seen_arms, key=lambda a: (list(ARMS).index(a) if a in ARMS else len(ARMS), a))
+    )
+    path.write_text(json.dumps(study) + "\n")
+
+
 def load_logs(out: Path, results: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     logs = {}
     for r in results:
@@ -685,10 +717,12 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in json.loads(study.read_text()).items():
                 setattr(args, k, v)
     else:
-        (args.out / "study.json").write_text(json.dumps({k: getattr(args, k) for k in STUDY_KEYS}) + "\n")
+        _write_study(args, seeds, arms)
         baseline(args)
-        results = [_run_or_exit(a, s, args) for s in seeds for a in arms]
-        (args.out / "results.json").write_text(json.dumps(results, indent=1) + "\n")
+        results = []
+        for s in seeds:
+            for a in arms:
+                results = _merge_results(args.out, [_run_or_exit(a, s, args)])
     logs = load_logs(args.out, results)
     plots = plot(results, logs, args.out)
     found = args.out / "baseline" / "result.json"

@@ -41,6 +41,7 @@ from pydantic_settings import SettingsConfigDict
 
 from llds_proto import steplog as K
 from llds_proto.streams import check_run_id
+from llds_server.cli import add_settings_flags, settings_overrides
 from llds_server.settings import ConfigError, ServiceSettings
 
 if TYPE_CHECKING:
@@ -572,59 +573,34 @@ RESUME_FIXED = ("config", "preset", "model", "run_dir", "world_seed", "rollout_c
 """Flags ``--resume`` refuses: they would change what the run is, not how it continues."""
 
 
-def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
-    """The config and whether it resumes a run: ``--resume RUN_DIR`` reads back RUN_DIR/up_config.toml
-    (then env, then the flags given, as always)."""
-    p = argparse.ArgumentParser(prog="llds up", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, help="TOML file with UpConfig fields")
-    p.add_argument(
-        "--preset",
-        choices=["cpu", "tiny", "gpu"],
-        help="cpu: SmolLM2 warm-started; tiny: random test model; gpu: vLLM + bf16 trainer (needs --model)",
+def build_parser() -> argparse.ArgumentParser:
+    """``llds up``'s flags: one per :class:`UpConfig` field, ``--config``, ``--set`` and ``--resume``."""
+    p = argparse.ArgumentParser(
+        prog="llds up",
+        description=__doc__.split("\n\n")[0],
+        usage="%(prog)s [-h] [--config FILE | --resume RUN_DIR] [--FIELD VALUE ...] [--set KEY=VALUE ...]",
     )
-    p.add_argument("--model", help="policy folder (skips the warm-start)")
-    p.add_argument(
-        "--steps", type=int, help="training steps (0 = until stopped); absolute, also with --resume"
-    )
-    p.add_argument("--run-dir", type=Path, help="output folder")
+    add_settings_flags(p, UpConfig, config_help="TOML file with UpConfig fields")
     p.add_argument(
         "--resume",
         type=Path,
         metavar="RUN_DIR",
         help="continue the run in RUN_DIR (after Ctrl-C, a crash or kill -9) with its config, run id and Redis data",
     )
-    p.add_argument("--host", help="bind address of every service")
-    for svc in ("retriever", "rollout", "trainer", "dashboard", "redis"):
-        p.add_argument(f"--{svc}-port", type=int, dest=f"{svc}_port", help=f"{svc} port (0 = any free port)")
-    p.add_argument("--rollout-config", type=Path, help="rollout TOML")
-    p.add_argument("--trainer-config", type=Path, help="trainer TOML")
-    p.add_argument(
-        "--no-dashboard",
-        dest="dashboard",
-        action="store_const",
-        const=False,
-        help="do not serve the dashboard",
-    )
-    p.add_argument("--exit-when-done", action="store_const", const=True, help="exit after the training steps")
-    p.add_argument(
-        "--restart-on-failure",
-        action="store_const",
-        const=True,
-        help="restart a child that dies instead of stopping (at most --max-restarts times each)",
-    )
-    p.add_argument("--max-restarts", type=int, help="restarts per child with --restart-on-failure")
-    p.add_argument(
-        "--verbose",
-        action="store_const",
-        const=True,
-        help="stream every service's output (default: a line per step; full logs in RUN_DIR/logs/)",
-    )
-    args = vars(p.parse_args(argv))
-    resume: Path | None = args.pop("resume")
-    config = args.pop("config")
+    return p
+
+
+def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
+    """The config and whether it resumes a run: ``--resume RUN_DIR`` reads back RUN_DIR/up_config.toml
+    (then env, then the flags given, as always)."""
+    p = build_parser()
+    args = p.parse_args(argv)
+    overrides = settings_overrides(args, UpConfig)
+    resume: Path | None = args.resume
+    config: Path | None = args.config
     if resume is not None:
         fixed = [
-            f"--{k.replace('_', '-')}" for k in RESUME_FIXED if (config if k == "config" else args.get(k))
+            f"--{k.replace('_', '-')}" for k in RESUME_FIXED if (config if k == "config" else k in overrides)
         ]
         if fixed:
             p.error(
@@ -633,9 +609,9 @@ def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
         missing = [f for f in RUN_FILES if not (resume / f).is_file()]
         if missing:
             p.error(f"{resume} is not a run dir of llds up (it has no {', '.join(missing)})")
-        config, args["run_dir"] = resume / "up_config.toml", resume
+        config, overrides["run_dir"] = resume / "up_config.toml", resume
     try:
-        return UpConfig.load(config, overrides=args), resume is not None
+        return UpConfig.load(config, overrides=overrides), resume is not None
     except ValueError as e:
         p.error(str(e))
         raise  # parser.error exits

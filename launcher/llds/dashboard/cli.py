@@ -8,24 +8,26 @@ from __future__ import annotations
 import argparse
 import logging
 import sys
-from pathlib import Path
 
 from llds.dashboard.app import create_app
-from llds.dashboard.config import SERVICES, DashboardConfig
+from llds.dashboard.config import DashboardConfig
+from llds_server.cli import add_settings_flags
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``llds dashboard serve``'s flags: one per :class:`DashboardConfig` field, ``--config``, ``--set``."""
+    p = argparse.ArgumentParser(prog="llds dashboard serve", description=__doc__.split("\n\n")[0])
+    add_settings_flags(
+        p,
+        DashboardConfig,
+        aliases={"poll_interval_s": ["--poll-interval"], "timeout_s": ["--timeout"]},
+        config_help="TOML file with DashboardConfig fields",
+    )
+    return p
 
 
 def parse_args(argv: list[str]) -> DashboardConfig:
-    p = argparse.ArgumentParser(prog="llds dashboard serve", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", type=Path, help="TOML file with DashboardConfig fields")
-    p.add_argument("--host", help="bind address")
-    p.add_argument("--port", type=int, help="port")
-    for svc in SERVICES:
-        p.add_argument(f"--{svc}-url", dest=f"{svc}_url", help=f"base URL of the {svc}")
-    p.add_argument("--poll-interval", type=float, dest="poll_interval_s", help="seconds between polls")
-    p.add_argument("--timeout", type=float, dest="timeout_s", help="per-request poll timeout (s)")
-    p.add_argument("--max-samples", type=int, help="metric samples kept")
-    p.add_argument("--train-log", type=Path, help="the trainer's train_log.jsonl (also read, merged by step)")
-    return DashboardConfig.from_cli(p, argv)
+    return DashboardConfig.from_cli(build_parser(), argv)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -9,8 +9,6 @@ from pydantic_settings import SettingsConfigDict
 
 from llds_server.settings import ServiceSettings
 
-SERVICES = ("retriever", "rollout", "trainer")
-
 
 class DashboardConfig(ServiceSettings):
     """Everything the dashboard decides; env prefix ``LLDS_DASHBOARD_``."""

@@ -41,7 +41,7 @@ class _TomlSource(PydanticBaseSettingsSource):
 class ServiceSettings(BaseSettings):
     """Base class of every service config: typed fields, each with a default and a docstring."""
 
-    model_config = SettingsConfigDict(extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
 
     @classmethod
     def settings_customise_sources(
@@ -85,15 +85,17 @@ class ServiceSettings(BaseSettings):
 
     @classmethod
     def from_cli(cls, parser: argparse.ArgumentParser, argv: list[str] | None) -> Self:
-        """Parse ``argv`` whose dests are field names (plus ``config``, a TOML path) into a config.
+        """Parse ``argv`` with a parser that :func:`llds_server.cli.add_settings_flags` gave this
+        class's flags into a config.
 
-        Unset flags (None) fall through to env, TOML and defaults; a bad value becomes a usage
-        error naming it (exit 2) before anything heavy is imported.
+        Unset flags fall through to env, TOML and defaults; a bad value becomes a usage error naming
+        it (exit 2) before anything heavy is imported.
         """
-        args = vars(parser.parse_args(argv))
-        config = args.pop("config", None)
+        from llds_server.cli import settings_overrides
+
+        args = parser.parse_args(argv)
         try:
-            return cls.load(config, overrides=args)
+            return cls.load(args.config, overrides=settings_overrides(args, cls))
         except ValueError as e:
             parser.error(str(e))
             raise  # parser.error exits; this keeps type checkers satisfied

@@ -23,6 +23,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from llds_retriever.config import RetrieverConfig
+from llds_server.cli import add_settings_flags, settings_overrides
 from llds_server.settings import ConfigError
 
 
@@ -102,23 +103,15 @@ def index_main(argv: list[str]) -> int:
     return 0
 
 
-def _serve_parser() -> argparse.ArgumentParser:
+def serve_parser() -> argparse.ArgumentParser:
+    """``llds retriever serve``'s flags: one per :class:`RetrieverConfig` field, ``--config``, ``--set``."""
     p = argparse.ArgumentParser(prog="llds retriever serve", description="Serve /retrieve over an index.")
-    p.add_argument("--config", type=Path, help="TOML file (its [retriever] table, or the whole file)")
-    p.add_argument("--index", dest="index_dir", type=Path, help="index folder from `llds index build`")
-    p.add_argument("--faiss-index", type=Path, help="bare FAISS index file (e.g. Search-R1's e5_Flat.index)")
-    p.add_argument("--corpus", type=Path, help="corpus JSONL for --faiss-index (row i = line i)")
-    p.add_argument("--type", choices=["bm25", "dense", "hybrid"], help="backend (default: the index's kind)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--encoder", help="query encoder (default: the index's)")
-    p.add_argument("--device", choices=["auto", "cpu", "cuda"])
-    p.add_argument("--max-wait-ms", type=float, help="micro-batch gathering window")
-    p.add_argument("--max-batch", type=int, help="most queries per batch")
-    p.add_argument("--max-queue", type=int, help="admitted queries before 503")
-    p.add_argument("--cache-size", type=int, help="LRU result cache entries (0 = off)")
-    p.add_argument("--max-topk", type=int, help="largest topk served")
-    p.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    add_settings_flags(
+        p,
+        RetrieverConfig,
+        aliases={"index_dir": ["--index"]},
+        config_help="TOML file (its [retriever] table, or the whole file)",
+    )
     return p
 
 
@@ -140,10 +133,9 @@ def load_config(toml_path: Path | None, overrides: dict[str, Any]) -> RetrieverC
 
 def serve_main(argv: list[str]) -> int:
     """``llds retriever serve``; blocks until interrupted; returns the exit status."""
-    args = vars(_serve_parser().parse_args(argv))
-    toml_path = args.pop("config")
+    args = serve_parser().parse_args(argv)
     try:
-        config = load_config(toml_path, args)
+        config = load_config(args.config, settings_overrides(args, RetrieverConfig))
         config.require_source()
     except (ConfigError, ValidationError, ValueError) as e:
         return _fail(f"invalid retriever config: {e}")

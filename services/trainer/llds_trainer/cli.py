@@ -16,61 +16,31 @@ import logging
 import os
 import signal
 import sys
-import tomllib
-from typing import Any
 
 from pydantic import ValidationError
 
+from llds_server.cli import add_settings_flags, settings_overrides
 from llds_server.settings import ConfigError
 from llds_trainer.config import ADMIN_TOKEN_ENV, TrainerConfig
 
 log = logging.getLogger("llds.trainer")
 
 
-def _parse_set(items: list[str]) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs, VALUE in TOML syntax (bare words are strings)."""
-    out: dict[str, Any] = {}
-    for item in items:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise ConfigError(f"--set expects KEY=VALUE, got {item!r}")
-        try:
-            out[key.strip()] = tomllib.loads(f"v = {value}")["v"]
-        except tomllib.TOMLDecodeError:
-            out[key.strip()] = value
-    return out
-
-
 def build_parser() -> argparse.ArgumentParser:
+    """``llds trainer run``'s flags: one per :class:`TrainerConfig` field, plus ``--config`` and ``--set``."""
     p = argparse.ArgumentParser(prog="llds trainer run", description=__doc__.split("\n\n")[0])
-    p.add_argument("--config", help="TOML file (e.g. configs/trainer_cpu.toml)")
-    p.add_argument("--model", help="initial policy folder (version 0)")
-    p.add_argument("--reference-model", help="frozen KL reference (default: --model)")
-    p.add_argument("--redis-url")
-    p.add_argument("--run-dir")
-    p.add_argument("--weights-root")
-    p.add_argument("--steps", type=int, help="train until this step (0 = forever)")
-    p.add_argument("--host")
-    p.add_argument("--port", type=int)
-    p.add_argument("--consumer-name")
-    p.add_argument("--notify-url", action="append", dest="notify_urls", help="rollout base URL (repeatable)")
-    p.add_argument("--seed", type=int)
-    p.add_argument("--no-resume", action="store_true", help="ignore checkpoints in --run-dir")
-    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="any config field")
+    add_settings_flags(
+        p,
+        TrainerConfig,
+        aliases={"notify_urls": ["--notify-url"]},
+        config_help="TOML file (e.g. configs/trainer_cpu.toml)",
+    )
     return p
 
 
 def load_config(argv: list[str]) -> TrainerConfig:
     args = build_parser().parse_args(argv)
-    overrides: dict[str, Any] = {
-        k: getattr(args, k)
-        for k in ("model", "reference_model", "redis_url", "run_dir", "weights_root", "steps", "host", "port",
-                  "consumer_name", "notify_urls", "seed")
-    }  # fmt: skip
-    if args.no_resume:
-        overrides["resume"] = False
-    overrides.update(_parse_set(args.set))
-    return TrainerConfig.load(args.config, overrides)
+    return TrainerConfig.load(args.config, settings_overrides(args, TrainerConfig))
 
 
 def run_main(argv: list[str]) -> int:

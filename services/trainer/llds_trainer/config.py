@@ -134,10 +134,20 @@ class TrainerConfig(ServiceSettings):
     """w_ans of the MA rules (capped at lambda)."""
 
     is_correction: Literal["off", "stale", "all"] = "stale"
-    """Truncated importance sampling against the sampler's log-probs: off, only tokens sampled by an
-    older version than pi_old, or every token (also corrects engine/trainer numeric mismatch)."""
+    """Which tokens the off-policy correction against the sampler's log-probs applies to: none, those
+    sampled by an older version than pi_old, or every token (also corrects engine/trainer numerics)."""
+    is_method: Literal["tis", "seq_tis", "mis", "seq_mis", "geo_reject"] = "tis"
+    """The correction (``llds_trainer.correction``) with ratio r = pi_old / sampler: ``tis`` token weights
+    min(r, is_cap); ``seq_tis`` one weight per trajectory min(prod r, is_cap); ``mis`` drops tokens with
+    r outside [is_low, is_high] (the rest weighted r); ``seq_mis`` the same with a trajectory's prod r;
+    ``geo_reject`` drops trajectories whose geometric-mean r is outside [is_low, is_high] (weight 1)."""
     is_cap: float = Field(default=2.0, ge=1.0)
-    """Upper clamp of the truncated importance weights."""
+    """Upper clamp of the truncated importance weights (``tis``, ``seq_tis``)."""
+    is_low: float = Field(default=0.5, gt=0)
+    """Lower bound of the kept ratios (``mis``, ``seq_mis``, ``geo_reject``); must be < 1."""
+    is_high: float = Field(default=2.0, gt=0)
+    """Upper bound of the kept ratios (``mis``, ``seq_mis``, ``geo_reject``); must be > 1 (geo_reject
+    wants a tight one, about 1.001)."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (arXiv 2503.14476): skip, acknowledge and count (``uniform``) groups whose
     rewards are all equal (zero advantage, no learning signal) and read on until the step is full."""
@@ -228,6 +238,11 @@ class TrainerConfig(ServiceSettings):
         if self.lld_alarm_action != "none" and not self.lld_probe:
             raise ValueError(
                 "an acting LLD alarm needs lld_probe = true (the alarm reads its displacement signal)"
+            )
+        if not self.is_low < 1 < self.is_high:
+            raise ValueError(
+                f"the off-policy masking bounds need is_low < 1 < is_high, got is_low={self.is_low}, "
+                f"is_high={self.is_high} (a ratio of 1, on-policy, must be kept)"
             )
         if self.clip_eps >= 1:
             raise ValueError("clip_eps must be < 1")

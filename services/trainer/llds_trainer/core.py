@@ -6,9 +6,11 @@ log record, so it is unit-testable with a tiny model. One RL step:
 1. flatten groups, GRPO advantage per group;
 2. pi_old pass (no grad): the current policy's log-probs of every sampled token (and the reference
    model's when the KL term is on), the entropy, and the mismatch against the sampler's log-probs;
-3. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates, each accumulating gradients
+3. off-policy correction (``llds_trainer.correction``): weights and a keep mask per token from the
+   sampler's log-probs, pi_old's and the sampling versions;
+4. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates, each accumulating gradients
    over micro-batches (split across data-parallel ranks), clipped, AdamW;
-4. LLD probe (no grad): the log-probs after the last update, for the displacement signals.
+5. LLD probe (no grad): the log-probs after the last update, for the displacement signals.
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from llds_proto.messages import TrajectoryGroup
 from llds_trainer import checkpoint as ckpt
 from llds_trainer.batch import MicroBatch, Sample, collate, response_slice, samples_from_groups
 from llds_trainer.config import TrainerConfig
+from llds_trainer.correction import CorrectionOut, apply_mask, build_correction, ratio_quantiles
 from llds_trainer.dist import DistContext
 from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
@@ -44,7 +47,6 @@ from llds_trainer.loss import (
     low_var_kl,
     ppo_clip_loss,
     token_logprobs,
-    truncated_is_weights,
 )
 
 log = logging.getLogger("llds.trainer")
@@ -73,6 +75,7 @@ class Regularizer(Protocol):
         loss_mask: Tensor,
         answer_mask: Tensor,
         answer_weight: float | None,
+        keep_mask: Tensor | None = None,
     ) -> LLDSDetails | None: ...
 
 
@@ -95,6 +98,7 @@ class LLDSRegularizer:
         loss_mask: Tensor,
         answer_mask: Tensor,
         answer_weight: float | None,
+        keep_mask: Tensor | None = None,
     ) -> LLDSDetails:
         return llds_details(
             logp_new,
@@ -106,6 +110,7 @@ class LLDSRegularizer:
             answer_mask=answer_mask,
             answer_weight=answer_weight,
             normalize=self.normalize,
+            keep_mask=keep_mask,
         )
 
 
@@ -246,6 +251,9 @@ class Trainer:
             lam=cfg.llds_lambda if cfg.regularizer == "llds" else None,
         )
         self.regularizer = build_regularizer(cfg, self.alarm_action.lam)
+        self.correction = build_correction(
+            cfg.is_correction, cfg.is_method, cap=cfg.is_cap, low=cfg.is_low, high=cfg.is_high
+        )
 
     # ------------------------------------------------------------------ forward passes
     def _logp(
@@ -309,6 +317,34 @@ class Trainer:
             out[b, response_slice(samples[i])] = values[i]
         return out.to(self.device)
 
+    def _correct(
+        self, samples: list[Sample], old: list[Tensor]
+    ) -> tuple[CorrectionOut | None, dict[str, float | None]]:
+        """The off-policy correction of every sample (rows in sample order) and its step-record values.
+
+        Computed once per step on all samples (every rank holds them all), so the statistics need no
+        reduction across ranks and count each token once whatever the epochs and mini-batches.
+        """
+        full = collate(samples, range(len(samples)), self.pad_id).to(self.device)
+        logp_old = self._place(full, samples, old)  # [N, L-1]
+        loss = full.loss_mask.bool()  # [N, L-1]
+        rec = ratio_quantiles(
+            (logp_old - full.logp_sampler)[loss], (self.state.version - full.versions)[loss]
+        )
+        if self.correction is None:
+            return None, {**rec, K.IS_WEIGHT_MEAN: None, K.IS_TRUNCATED_FRAC: None,
+                          K.IS_MASKED_TOKEN_FRAC: None, K.IS_DROPPED_SEQ_FRAC: None}  # fmt: skip
+        apply = apply_mask(self.cfg.is_correction, loss, full.versions, self.state.version)
+        out = self.correction.weights(logp_old, full.logp_sampler, apply, full.loss_mask)
+        st = out.stats
+        rec[K.IS_WEIGHT_MEAN] = st.weight_sum / st.kept_corrected if st.kept_corrected else None
+        rec[K.IS_TRUNCATED_FRAC] = (
+            st.truncated / st.corrected if st.truncated is not None and st.corrected else None
+        )
+        rec[K.IS_MASKED_TOKEN_FRAC] = st.masked_tokens / st.loss_tokens if st.loss_tokens else None
+        rec[K.IS_DROPPED_SEQ_FRAC] = st.dropped_sequences / st.sequences if st.sequences else None
+        return out, rec
+
     # ------------------------------------------------------------------ the step
     def train_step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
         """One RL step on ``groups``; returns the step's log record (slash-namespaced keys)."""
@@ -351,6 +387,7 @@ class Trainer:
                 1 for v, mk in zip(s.versions, s.loss_mask, strict=True) if mk and v < self.state.version
             )
             n_loss += int(m.sum())
+        corr, corr_rec = self._correct(samples, old)
 
         gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         pg_losses: list[float] = []
@@ -363,7 +400,6 @@ class Trainer:
         ratio_max = 0.0
         grad_norms: list[float] = []
         gated = [0, 0]
-        is_w_sum, is_w_n, is_trunc = 0.0, 0, 0
         nonfinite = 0
         updates = 0
         train_tokens = 0
@@ -386,17 +422,12 @@ class Trainer:
                     logp_new, ent_new = self._logp(self.model, mb, cfg.entropy_coef > 0)
                     logp_old = self._place(mb, samples, old)
                     mask = mb.loss_mask
-                    is_w = None
-                    if cfg.is_correction != "off":
-                        apply = mask.bool()
-                        if cfg.is_correction == "stale":
-                            apply = apply & (mb.versions < self.state.version)
-                        is_w = truncated_is_weights(logp_old, mb.logp_sampler, apply, cfg.is_cap)
-                        if apply.any():
-                            raw = torch.exp(logp_old - mb.logp_sampler)[apply]
-                            is_w_sum += float(is_w[apply].sum())
-                            is_w_n += int(apply.sum())
-                            is_trunc += int((raw > cfg.is_cap).sum())
+                    is_w = keep = None
+                    if corr is not None:
+                        # the step's rows of this micro-batch (right padding: its columns are a prefix)
+                        rows, cols = torch.tensor(mb.index, device=self.device), mask.shape[1]
+                        is_w, keep = corr.weights[rows, :cols], corr.keep_mask[rows, :cols]
+                        mask = mask * keep.to(mask.dtype)  # dropped tokens leave every term's aggregation
                     if cfg.policy_loss == "gspo":
                         pg, st = gspo_loss(
                             logp_new,
@@ -432,7 +463,9 @@ class Trainer:
                         e = aggregate(ent_new, mask, cfg.loss_agg)
                         loss = loss - cfg.entropy_coef * e
                         ent_terms.append(float(e.detach()))
-                    det = self.regularizer(logp_new, logp_old, mb.advantages, mask, mb.answer_mask, ans_w)
+                    det = self.regularizer(
+                        logp_new, logp_old, mb.advantages, mb.loss_mask, mb.answer_mask, ans_w, keep
+                    )
                     if det is not None:
                         loss = loss + det.term
                         llds_terms.append(float(det.term.detach()))
@@ -460,9 +493,8 @@ class Trainer:
         # same names in the same order), so every rank logs the same record.
         local = {"pg": sum(pg_losses), "micro": len(pg_losses), "llds": sum(llds_terms), "llds_n": len(llds_terms),
                  "total": sum(totals), "clip": sum(clip_fracs), "dual_clip": sum(dual_clip_fracs),
-                 "gated": gated[0], "gate_units": gated[1], "is_w": is_w_sum, "is_n": is_w_n,
-                 "is_trunc": is_trunc, "train_tokens": train_tokens, "kl": sum(kl_terms), "kl_n": len(kl_terms),
-                 "ent": sum(ent_terms), "ent_n": len(ent_terms)}  # fmt: skip
+                 "gated": gated[0], "gate_units": gated[1], "train_tokens": train_tokens,
+                 "kl": sum(kl_terms), "kl_n": len(kl_terms), "ent": sum(ent_terms), "ent_n": len(ent_terms)}  # fmt: skip
         sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
         n_micro = max(sums["micro"], 1)
 
@@ -497,8 +529,7 @@ class Trainer:
             K.ACTOR_RATIO_MAX: ratio_max,
             K.MISMATCH_KL: _mean(mm_kl),
             K.MISMATCH_ABS_LOGP_DIFF: _mean(mm_abs),
-            K.IS_WEIGHT_MEAN: sums["is_w"] / sums["is_n"] if sums["is_n"] else None,
-            K.IS_TRUNCATED_FRAC: sums["is_trunc"] / sums["is_n"] if sums["is_n"] else None,
+            **corr_rec,
             K.ROLLOUT_VALID_SEARCHES_MEAN: v_s,
             K.ROLLOUT_TURNS_MEAN: sum(s.num_turns for s in samples) / len(samples),
             K.ROLLOUT_RESPONSE_LEN_MEAN: sum(len(s.response_ids) for s in samples) / len(samples),

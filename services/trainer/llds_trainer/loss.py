@@ -332,9 +332,14 @@ def llds_details(
     answer_mask: Tensor | None = None,
     answer_weight: float | None = None,
     normalize: Normalize = "token",
+    keep_mask: Tensor | None = None,
 ) -> LLDSDetails:
     """:func:`llds_term` plus gate statistics; see there for the arguments."""
     mask = loss_mask.bool()  # [B, T]
+    ids = action_ids(mask)  # [B, T] actions of the full loss mask: a dropped token does not split one
+    if keep_mask is not None:
+        mask = mask & keep_mask.bool()
+        ids = ids * mask.to(ids.dtype)
     zero = torch.zeros_like(logp_new)  # [B, T]
     delta = torch.where(mask, logp_old.detach() - logp_new, zero)  # [B, T]
     d = delta.detach()  # [B, T]
@@ -348,7 +353,6 @@ def llds_details(
         rows = preserve.any(-1)  # [B]
         gated_units, total_units = int((rows & row_gate.squeeze(-1)).sum()), int(rows.sum())
     elif gate == "action":
-        ids = action_ids(mask)  # [B, T]
         n_slots = int(ids.max().item()) + 1 if ids.numel() else 1
         sums = d.new_zeros(d.shape[0], n_slots).scatter_add_(1, ids, d)  # [B, S]
         slot_gate = sums > 0  # [B, S]
@@ -388,6 +392,7 @@ def llds_term(
     answer_mask: Tensor | None = None,
     answer_weight: float | None = None,
     normalize: Normalize = "token",
+    keep_mask: Tensor | None = None,
 ) -> Tensor:
     """The LLDS regulariser (spec ``llds.md`` section 3): penalise likelihood that fell.
 
@@ -409,6 +414,9 @@ def llds_term(
         answer_mask: ``[B, T]`` 1 on answer-span tokens, or None.
         answer_weight: weight on answer-span tokens (capped at ``lam``), or None for ``lam``.
         normalize: ``token`` | ``paper``.
+        keep_mask: ``[B, T]`` loss tokens an off-policy correction kept (``llds_trainer.correction``), or
+            None for all: a dropped token is out of the gates, the penalty and the normalisation
+            counts, as it is out of the policy loss; actions are still the runs of ``loss_mask``.
 
     Returns:
         Scalar tensor.
@@ -423,4 +431,5 @@ def llds_term(
         answer_mask=answer_mask,
         answer_weight=answer_weight,
         normalize=normalize,
+        keep_mask=keep_mask,
     ).term

@@ -163,13 +163,53 @@ def _module_runnable(module: str) -> bool:
     return True
 
 
+SERVICE_PARSERS: dict[tuple[str, ...], tuple[str, str]] = {
+    ("up",): ("llds.up", "build_parser"),
+    ("answer",): ("llds_rollout.cli", "answer_parser"),
+    ("retriever", "serve"): ("llds_retriever.cli", "serve_parser"),
+    ("rollout", "serve"): ("llds_rollout.cli", "serve_parser"),
+    ("trainer", "run"): ("llds_trainer.cli", "build_parser"),
+    ("dashboard", "serve"): ("llds.dashboard.cli", "build_parser"),
+}
+"""The commands whose flags come from a settings class, and the function building each one's parser."""
+MODULE_COMMANDS = {"llds_trainer": ("trainer", "run"), "llds_retriever": ("retriever", "serve")}
+"""``python -m MODULE`` (and ``torchrun -m MODULE``) that take a command's flags as they are."""
+
+
+def flags_error(command: tuple[str, ...], flags: list[str]) -> str | None:
+    """Why the parser of ``command`` (a key of :data:`SERVICE_PARSERS`) rejects ``flags``, or None."""
+    import contextlib
+    import io
+
+    module, func = SERVICE_PARSERS[command]
+    parser = getattr(importlib.import_module(module), func)()
+    err = io.StringIO()
+    try:
+        with contextlib.redirect_stderr(err):
+            parser.parse_args(flags)
+    except SystemExit:
+        return f"`llds {' '.join(command)}` rejects {flags}: {err.getvalue().strip().splitlines()[-1]}"
+    return None
+
+
+def _module_error(module: str, rest: list[str]) -> str | None:
+    if not _module_runnable(module):
+        return f"`-m {module}`: module not runnable"
+    if module in MODULE_COMMANDS:
+        return flags_error(MODULE_COMMANDS[module], rest)
+    if module == "llds_rollout" and rest[:1] in (["serve"], ["answer"]):
+        return flags_error(("rollout", "serve") if rest[0] == "serve" else ("answer",), rest[1:])
+    return None
+
+
 def entrypoint_error(argv: list[str]) -> str | None:
     """Why ``argv`` is not a real entrypoint of this project, or None if it is one.
 
     Accepted: ``llds <subcommand> ...`` that the launcher's parser knows; ``python[3] -m MODULE``
     with MODULE runnable; ``torchrun [opts] -m MODULE`` or ``torchrun [opts] --no-python PROGRAM``
     with PROGRAM itself accepted; ``bash /opt/llds/scripts/NAME.sh`` with deploy/scripts/NAME.sh
-    present (the images copy deploy/scripts to /opt/llds/scripts).
+    present (the images copy deploy/scripts to /opt/llds/scripts). The flags of a command in
+    :data:`SERVICE_PARSERS` (or of a module in :data:`MODULE_COMMANDS`) must parse with its parser.
     """
     if not argv:
         return "empty command"
@@ -183,16 +223,19 @@ def entrypoint_error(argv: list[str]) -> str | None:
             build_parser().parse_known_args(rest)
         except SystemExit:
             return f"`llds {' '.join(rest[:2])}` is not a subcommand of the llds launcher"
+        for command in SERVICE_PARSERS:
+            if tuple(rest[: len(command)]) == command:
+                return flags_error(command, rest[len(command) :])
         return None
     if prog in {"python", "python3"}:
         if len(rest) >= 2 and rest[0] == "-m":
-            return None if _module_runnable(rest[1]) else f"`python -m {rest[1]}`: module not runnable"
+            return _module_error(rest[1], rest[2:])
         return f"python without -m MODULE: {argv}"
     if prog == "torchrun":
         for i, tok in enumerate(rest):
             if tok == "-m":
                 mod = rest[i + 1] if i + 1 < len(rest) else ""
-                return None if _module_runnable(mod) else f"`torchrun -m {mod}`: module not runnable"
+                return _module_error(mod, rest[i + 2 :])
             if tok.startswith("-"):
                 continue
             if "--no-python" not in rest[:i]:

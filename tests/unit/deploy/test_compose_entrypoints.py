@@ -1,6 +1,7 @@
 """Every container this project builds runs a real entrypoint: an ``llds`` subcommand the launcher's
 parser knows (``llds.cli.build_parser()``), a runnable ``python -m`` module, torchrun over one of
-those, or a script that exists in deploy/scripts. Checked for docker-compose.yml with the CPU
+those, or a script that exists in deploy/scripts; a service command's flags parse with that
+service's own parser (``deploy_tools.SERVICE_PARSERS``). Checked for docker-compose.yml with the CPU
 override, the Kubernetes manifests, the Dockerfiles' default commands and the scripts' llds calls."""
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ def test_entrypoint_check_rejects_unknown_commands() -> None:
     assert entrypoint_error(["torchrun", "--nnodes=2", "train.py"]) is not None
     assert entrypoint_error(["bash", "/opt/llds/scripts/no_such_script.sh"]) is not None
     assert entrypoint_error(["vllm", "serve", "model"]) is not None
+    # a service's own flags are judged by that service's parser
+    assert entrypoint_error(["llds", "rollout", "serve", "--no-such-flag", "1"]) is not None
+    assert entrypoint_error(["llds", "retriever", "serve", "--port", "eighty"]) is not None
+    assert (
+        entrypoint_error(["python", "-m", "llds_trainer", "--notify-url", "http://r:1", "--no-resume"])
+        is None
+    )
+    assert entrypoint_error(["torchrun", "--nnodes=1", "-m", "llds_trainer", "--bogus"]) is not None
 
 
 def _k8s_commands() -> list[tuple[str, list[str]]]:

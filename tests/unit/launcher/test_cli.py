@@ -85,7 +85,8 @@ def test_engine_commands_move_to_the_vllm_interpreter(monkeypatch: pytest.Monkey
 @pytest.mark.parametrize(
     "argv",
     [["trainer", "run"], ["up"], ["rollout", "serve", "--engine", "transformers"],
-     ["answer", "--engine=transformers", "q"]],
+     ["answer", "--engine=transformers", "q"], ["rollout", "serve", "--engine.type", "transformers"],
+     ["rollout", "serve", "--engine.type=transformers"], ["answer", "--set", "engine.type=transformers", "q"]],
 )  # fmt: skip
 def test_other_commands_and_the_light_backend_stay(monkeypatch: pytest.MonkeyPatch, argv: list[str]) -> None:
     assert _reexec_target(monkeypatch, argv) is None

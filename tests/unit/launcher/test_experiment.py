@@ -336,3 +336,40 @@ def test_a_finished_run_evaluated_in_another_shape_is_evaluated_again_not_traine
     assert again["eval_em"] == 0.6 and again["eval_shape"]["max_tokens_per_turn"] == 64 and len(evals) == 1
     assert json.loads((folder / "result.json").read_text()) == again
     assert experiment.run_one("grpo_llds", 0, args) == again and len(evals) == 1  # same shape: skipped
+
+
+def test_invocations_with_other_seeds_or_arms_add_up_and_another_study_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The study runs in pieces (``--seeds 1`` today, ``--arms grpo_alarm`` tomorrow): each piece merges its
+    results into OUT/results.json by (arm, seed) as each run finishes, the study record widens to every
+    piece, and a piece of another study (other preset or steps) in the same OUT is refused."""
+    ran: list[tuple[str, int]] = []
+
+    def fake_run(arm: str, seed: int, args: argparse.Namespace) -> dict[str, Any]:
+        ran.append((arm, seed))
+        if (arm, seed) == ("grpo_alarm", 1):
+            # interrupted mid-piece: the runs finished before it must already be in results.json
+            raise SystemExit("interrupted")
+        log = COLLAPSING if arm == "grpo" else STEADY
+        return experiment.summarize(arm, seed, log) | {"eval_em": 0.1 * len(ran)}
+
+    monkeypatch.setattr(experiment, "_run_or_exit", fake_run)
+    monkeypatch.setattr(experiment, "baseline", lambda args: None)
+    out = tmp_path / "study"
+    base = ["--out", str(out), "--preset", "cpu", "--steps", "30", "--eval-limit", "0"]
+    assert experiment.main([*base, "--seeds", "0", "--arms", "grpo,grpo_llds"]) == 0
+    assert experiment.main([*base, "--seeds", "1", "--arms", "grpo_llds"]) == 0
+    with pytest.raises(SystemExit, match="interrupted"):
+        experiment.main([*base, "--seeds", "0,1", "--arms", "grpo_llds_ma,grpo_alarm"])
+    results = json.loads((out / "results.json").read_text())
+    assert [(r["arm"], r["seed"]) for r in results] == [
+        ("grpo", 0), ("grpo_llds", 0), ("grpo_llds_ma", 0), ("grpo_alarm", 0), ("grpo_llds", 1), ("grpo_llds_ma", 1),
+    ]  # fmt: skip
+    study = json.loads((out / "study.json").read_text())
+    assert (study["seeds"], study["arms"]) == ("0,1", "grpo,grpo_llds,grpo_llds_ma,grpo_alarm")
+    assert experiment.main(["--report-only", "--out", str(out)]) == 0
+    assert "--seeds 0,1 --arms grpo,grpo_llds,grpo_llds_ma,grpo_alarm" in (out / "EXPERIMENTS.md").read_text()
+    with pytest.raises(SystemExit, match=r"another study \(steps 30 there, 20 here\)"):
+        experiment.main([*base[:4], "--steps", "20", "--eval-limit", "0", "--seeds", "2"])
+    assert len(json.loads((out / "results.json").read_text())) == 6
