@@ -30,6 +30,7 @@ COPY README.md ./
 COPY proto proto
 COPY services services
 COPY launcher launcher
+COPY benchmarks benchmarks
 RUN pip install --no-cache-dir --no-deps .
 
 FROM ${PYTHON_IMAGE} AS runtime

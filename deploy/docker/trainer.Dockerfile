@@ -13,6 +13,7 @@ COPY pyproject.toml README.md ./
 COPY proto proto
 COPY services services
 COPY launcher launcher
+COPY benchmarks benchmarks
 COPY deploy/docker/requirements.py deploy/docker/requirements.py
 RUN pip wheel --no-cache-dir --no-deps --wheel-dir /wheels . \
     && python deploy/docker/requirements.py --exclude torch > /wheels/requirements.txt

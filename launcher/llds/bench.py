@@ -89,7 +89,7 @@ def _with_default_model(argv: list[str]) -> list[str]:
 
 def rollout_main(argv: list[str]) -> int:
     """``llds bench rollout``: the rollout benchmark on SmolLM2 by default."""
-    from llds_rollout.bench import main as bench_main
+    from llds_bench.rollout import main as bench_main
 
     return bench_main(_with_default_model(argv))
 
@@ -103,7 +103,7 @@ def soak_main(argv: list[str]) -> int:
 
 def trainer_main(argv: list[str]) -> int:
     """``llds bench trainer``: the trainer benchmark on SmolLM2 by default."""
-    from llds_trainer.bench import main as bench_main
+    from llds_bench.trainer import main as bench_main
 
     return bench_main(_with_default_model(argv))
 

@@ -43,7 +43,7 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "GRPO vs GRPO+LLDS vs GRPO+LLDS-MA on the default task",
     ),
     ("experiment", "search"): ("llds.experiment", "search_main", "GRPO settings searched for a collapse"),
-    ("bench", "retriever"): ("llds_retriever.bench", "main", "retriever throughput and latency vs baseline"),
+    ("bench", "retriever"): ("llds_bench.retriever", "main", "retriever throughput and latency vs baseline"),
     ("bench", "rollout"): ("llds.bench", "rollout_main", "async vs synchronous rollout, swap time"),
     ("bench", "trainer"): ("llds.bench", "trainer_main", "GRPO vs GRPO+LLDS step time"),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),

@@ -18,7 +18,7 @@ TOPICS = [
 
 
 def test_quick_bench_writes_a_report(tmp_path: Path) -> None:
-    from llds_retriever.bench import main
+    from llds_bench.retriever import main
 
     corpus, questions = tmp_path / "corpus.jsonl", tmp_path / "questions.jsonl"
     corpus.write_text(

@@ -1,4 +1,4 @@
-"""``python -m llds_rollout [serve|answer|bench] ...``; the guard matters: vLLM spawns processes."""
+"""``python -m llds_rollout [serve|answer] ...``; the guard matters: vLLM spawns processes."""
 
 from __future__ import annotations
 
@@ -7,13 +7,12 @@ import sys
 
 def main(argv: list[str]) -> int:
     commands = {"serve": "serve_main", "answer": "answer_main"}
-    if not argv or argv[0] not in (*commands, "bench"):
-        print("usage: python -m llds_rollout {serve|answer|bench} ...", file=sys.stderr)
+    if not argv or argv[0] not in commands:
+        print(
+            "usage: python -m llds_rollout {serve|answer} ... (the benchmark: llds bench rollout)",
+            file=sys.stderr,
+        )
         return 2
-    if argv[0] == "bench":
-        from llds_rollout import bench
-
-        return bench.main(argv[1:])
     from llds_rollout import cli
 
     return int(getattr(cli, commands[argv[0]])(argv[1:]))

@@ -79,11 +79,27 @@ def test_copied_sources_exist(dockerfile: Path) -> None:
             assert (REPO / part).exists(), f"{dockerfile.name}: COPY {part}: not in the repository"
 
 
+@pytest.mark.parametrize("dockerfile", DOCKERFILES, ids=lambda p: p.name)
+def test_images_copy_every_package_root_the_wheel_is_built_from(dockerfile: Path) -> None:
+    """A package root pyproject names (``[tool.setuptools.packages.find] where``) and an image leaves out
+    builds a wheel without its packages: ``llds bench`` would fail there with an import error."""
+    import tomllib
+
+    roots = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]["find"][
+        "where"
+    ]
+    copied = set()
+    for src in re.findall(r"^COPY\s+(?!--from)(.+)\s+\S+$", dockerfile.read_text(), flags=re.MULTILINE):
+        copied |= set(src.split())
+    missing = [r for r in roots if r not in copied and r.split("/")[0] not in copied]
+    assert not missing, f"{dockerfile.name} builds the project without {missing}"
+
+
 def test_dockerignore_keeps_secrets_and_local_state_out() -> None:
     lines = set((REPO / ".dockerignore").read_text().split())
     for entry in (".git", ".venv", ".env", "runs", "**/__pycache__", "deploy/k8s"):
         assert entry in lines, entry
-    for needed in ("pyproject.toml", "README.md", "proto", "services", "launcher", "configs"):
+    for needed in ("pyproject.toml", "README.md", "proto", "services", "launcher", "benchmarks", "configs"):
         assert needed not in lines, f"{needed} is installed by the images"
 
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 
-from llds_rollout.bench import Plan, Workload, ideal_speedup, make_plans, retriever_app, tok_s_at
+from llds_bench.rollout import Plan, Workload, ideal_speedup, make_plans, retriever_app, tok_s_at
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
 from llds_server.http import BackgroundServer
 

@@ -1,7 +1,7 @@
 """``llds bench rollout``: the asynchronous loop against Search-R1's synchronous turn-batched loop,
 engine utilisation, and live weight swap against an engine restart. Writes a markdown report.
 
-    python -m llds_rollout bench --model DIR [--engine vllm|transformers] [--trajectories 64]
+    llds bench rollout --model DIR [--engine vllm|transformers] [--trajectories 64]
         [--concurrency 16] [--latency-ms 50] [--out docs/rollout_bench.md]
 
 Workload: each trajectory follows a seeded plan (0..max_turns searches, a token budget per turn),
@@ -362,7 +362,7 @@ def main(argv: list[str]) -> int:
 
 def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> str:
     turns = sum(len(p.tokens) for p in plans) / len(plans)
-    cmd = "python -m llds_rollout bench " + " ".join(
+    cmd = "llds bench rollout " + " ".join(
         [f"--model {args.model}", f"--engine {args.engine}", f"--trajectories {args.trajectories}",
          f"--concurrency {args.concurrency}",
          f"--max-turns {args.max_turns}", f"--tokens {args.tokens}", f"--obs-tokens {args.obs_tokens}",
@@ -426,3 +426,7 @@ def _report(args: argparse.Namespace, r: dict[str, Any], plans: list[Plan]) -> s
             f"| requests failed during the swap | {r['failed_during_swap']} | 0 |",
         ]
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # vLLM spawns processes: the guard keeps them from running this again
+    raise SystemExit(main(sys.argv[1:]))

@@ -4,7 +4,7 @@ Both variants get the same synthetic batch (rollout token layout) and the same i
 steps alternate between them after one untimed warm-up step each. Reports the median step time,
 their ratio (target <= 1.05), trained tokens/s and peak memory, and writes a Markdown table::
 
-    python -m llds_trainer.bench --model MODEL_DIR [--groups 2 --group-size 5 --repeats 3] \\
+    llds bench trainer --model MODEL_DIR [--groups 2 --group-size 5 --repeats 3] \\
         [--out docs/trainer_bench.md]
 """
 
