@@ -1,16 +1,21 @@
 """The GRPO + LLDS learner: one RL step on a list of trajectory groups, checkpoint and resume.
 
 No web framework and no Redis here: :class:`Trainer` takes decoded groups and returns the step's
-log record, so it is unit-testable with a tiny model. One RL step:
+log record, so it is unit-testable with a tiny model. One RL step, data flowing one way through
+modules that never call back into an earlier one:
 
-1. flatten groups, GRPO advantage per group;
-2. pi_old pass (no grad): the current policy's log-probs of every sampled token (and the reference
-   model's when the KL term is on), the entropy, and the mismatch against the sampler's log-probs;
+1. groups -> samples with GRPO advantages (``llds_trainer.batch``);
+2. pi_old pass (no grad, here): the current policy's log-probs of every sampled token (and the
+   reference model's when the KL term is on) and the entropy; the sampler/trainer mismatch from them
+   (``llds_trainer.signals``);
 3. off-policy correction (``llds_trainer.correction``): weights and a keep mask per token from the
    sampler's log-probs, pi_old's and the sampling versions;
-4. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates, each accumulating gradients
-   over micro-batches (split across data-parallel ranks), clipped, AdamW;
-5. LLD probe (no grad): the log-probs after the last update, for the displacement signals.
+4. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates (:meth:`Trainer._update`), each
+   accumulating gradients over micro-batches (split across data-parallel ranks), clipped, AdamW; each
+   micro-step is the config-chosen :class:`~llds_trainer.objective.Objective` (policy loss, KL, entropy,
+   regulariser) returning a :class:`~llds_trainer.objective.MicroStats`, summed and reduced by name;
+5. LLD probe (no grad): the log-probs after the last update, for the displacement signals
+   (``llds_trainer.signals``), then the LLD monitor and the acting alarm.
 """
 
 from __future__ import annotations
@@ -23,7 +28,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -37,17 +42,9 @@ from llds_trainer.correction import CorrectionOut, apply_mask, build_correction,
 from llds_trainer.dist import DistContext
 from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
-from llds_trainer.loss import (
-    LLDSDetails,
-    aggregate,
-    answer_weight,
-    entropy_from_logits,
-    gspo_loss,
-    llds_details,
-    low_var_kl,
-    ppo_clip_loss,
-    token_logprobs,
-)
+from llds_trainer.loss import answer_weight, entropy_from_logits, token_logprobs
+from llds_trainer.objective import MicroInputs, MicroStats, Objective, configured_lambda
+from llds_trainer.signals import lld_signals, mean, mismatch
 
 log = logging.getLogger("llds.trainer")
 
@@ -62,63 +59,6 @@ def resolve_device(name: str) -> torch.device:
     if name == "cuda" and not torch.cuda.is_available():
         raise TrainerError("device 'cuda' requested but no CUDA device is available")
     return torch.device(name)
-
-
-class Regularizer(Protocol):
-    """A likelihood regulariser added to the policy loss (chosen by ``TrainerConfig.regularizer``)."""
-
-    def __call__(
-        self,
-        logp_new: Tensor,
-        logp_old: Tensor,
-        advantages: Tensor,
-        loss_mask: Tensor,
-        answer_mask: Tensor,
-        answer_weight: float | None,
-        keep_mask: Tensor | None = None,
-    ) -> LLDSDetails | None: ...
-
-
-class NoRegularizer:
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-@dataclass(frozen=True)
-class LLDSRegularizer:
-    lam: float
-    gate: Any
-    normalize: Any
-
-    def __call__(
-        self,
-        logp_new: Tensor,
-        logp_old: Tensor,
-        advantages: Tensor,
-        loss_mask: Tensor,
-        answer_mask: Tensor,
-        answer_weight: float | None,
-        keep_mask: Tensor | None = None,
-    ) -> LLDSDetails:
-        return llds_details(
-            logp_new,
-            logp_old,
-            advantages,
-            loss_mask,
-            gate=self.gate,
-            lam=self.lam,
-            answer_mask=answer_mask,
-            answer_weight=answer_weight,
-            normalize=self.normalize,
-            keep_mask=keep_mask,
-        )
-
-
-def build_regularizer(cfg: TrainerConfig, lam: float | None) -> Regularizer:
-    """LLDS with weight ``lam`` (the configured one, or what an acting alarm set), or none (``None``)."""
-    if lam is not None:
-        return LLDSRegularizer(lam=lam, gate=cfg.llds_gate, normalize=cfg.llds_normalize)
-    return NoRegularizer()
 
 
 @dataclass
@@ -194,10 +134,6 @@ def lr_at(cfg: TrainerConfig, step: int) -> float:
     return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps)
 
 
-def _mean(xs: Sequence[float]) -> float | None:
-    return sum(xs) / len(xs) if xs else None
-
-
 class Trainer:
     """Policy, optimizer and step logic of one data-parallel rank."""
 
@@ -248,9 +184,9 @@ class Trainer:
             on_lambda=cfg.llds_lambda,
             factor=cfg.lld_alarm_lambda_factor,
             lambda_max=cfg.lld_alarm_lambda_max,
-            lam=cfg.llds_lambda if cfg.regularizer == "llds" else None,
+            lam=configured_lambda(cfg),
         )
-        self.regularizer = build_regularizer(cfg, self.alarm_action.lam)
+        self.objective = Objective.from_config(cfg, self.alarm_action.lam)
         self.correction = build_correction(
             cfg.is_correction, cfg.is_method, cap=cfg.is_cap, low=cfg.is_low, high=cfg.is_high
         )
@@ -345,6 +281,68 @@ class Trainer:
         rec[K.IS_DROPPED_SEQ_FRAC] = st.dropped_sequences / st.sequences if st.sequences else None
         return out, rec
 
+    def _update(
+        self,
+        samples: list[Sample],
+        old: list[Tensor],
+        ref: list[Tensor] | None,
+        corr: CorrectionOut | None,
+        ans_w: float | None,
+        step: int,
+    ) -> tuple[dict[str, float], float, list[float], int]:
+        """``epochs_per_step`` x ``minibatches_per_step`` optimizer updates. Returns the micro-step stats
+        summed over micro-batches and ranks (by name), the largest ratio, the pre-clip gradient norm of
+        each update and how many updates a non-finite norm skipped."""
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        total = MicroStats()
+        ratio_max = 0.0
+        grad_norms: list[float] = []
+        nonfinite = 0
+        self.model.train()
+        for _epoch in range(cfg.epochs_per_step):
+            order = (
+                torch.randperm(len(samples), generator=gen).tolist()
+                if cfg.shuffle
+                else list(range(len(samples)))
+            )
+            for mb_idx in torch.tensor_split(torch.tensor(order), cfg.minibatches_per_step):
+                mini = mb_idx.tolist()
+                if not mini:
+                    continue
+                micros = self._micro_batches(mini)
+                scale = 1.0 / len(micros)
+                for idx in self.dist.shard(micros):
+                    mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
+                    logp_new, ent_new = self._logp(self.model, mb, cfg.entropy_coef > 0)
+                    is_w = keep = None
+                    if corr is not None:
+                        # the step's rows of this micro-batch (right padding: its columns are a prefix)
+                        rows, cols = torch.tensor(mb.index, device=self.device), mb.loss_mask.shape[1]
+                        is_w, keep = corr.weights[rows, :cols], corr.keep_mask[rows, :cols]
+                    x = MicroInputs(logp_new, self._place(mb, samples, old), mb.advantages, mb.loss_mask,
+                                    mb.answer_mask, entropy=ent_new,
+                                    logp_ref=self._place(mb, samples, ref) if ref is not None else None,
+                                    is_weights=is_w, keep_mask=keep)  # fmt: skip
+                    loss, stats, r_max = self.objective(x, ans_w)
+                    (loss * scale).backward()
+                    stats.train_tokens = int(mb.attention_mask.sum())
+                    total.add(stats)
+                    ratio_max = max(ratio_max, r_max)
+                self.dist.all_reduce_grads(self.params)
+                norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+                if math.isfinite(norm):
+                    self.optimizer.step()
+                else:
+                    nonfinite += 1
+                    log.warning("step %d: non-finite gradient norm, update skipped", step + 1)
+                self.optimizer.zero_grad(set_to_none=True)
+                grad_norms.append(norm)
+        # Every rank reduces the same names in the same order, so every rank logs the same record.
+        local = total.as_dict()
+        sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
+        return sums, ratio_max, grad_norms, nonfinite
+
     # ------------------------------------------------------------------ the step
     def train_step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
         """One RL step on ``groups``; returns the step's log record (slash-namespaced keys)."""
@@ -373,129 +371,10 @@ class Trainer:
             cfg.answer_weight_mode, cfg.llds_lambda if lam is None else lam, cfg.answer_weight, v_s
         )
 
-        # Mismatch between the sampler's log-probs and the trainer's pi_old, KL(sampler || pi_old) (k3).
-        mm_kl: list[float] = []
-        mm_abs: list[float] = []
-        stale_tokens = 0
-        n_loss = 0
-        for i, s in enumerate(samples):
-            m = torch.tensor(s.loss_mask, dtype=torch.bool)
-            d = (old[i] - torch.tensor(s.logprobs))[m]
-            mm_kl.extend((torch.exp(d) - d - 1).tolist())
-            mm_abs.extend(d.abs().tolist())
-            stale_tokens += sum(
-                1 for v, mk in zip(s.versions, s.loss_mask, strict=True) if mk and v < self.state.version
-            )
-            n_loss += int(m.sum())
+        mm = mismatch(samples, old, self.state.version)
         corr, corr_rec = self._correct(samples, old)
-
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
-        pg_losses: list[float] = []
-        llds_terms: list[float] = []
-        kl_terms: list[float] = []
-        ent_terms: list[float] = []
-        totals: list[float] = []
-        clip_fracs: list[float] = []
-        dual_clip_fracs: list[float] = []
-        ratio_max = 0.0
-        grad_norms: list[float] = []
-        gated = [0, 0]
-        nonfinite = 0
-        updates = 0
-        train_tokens = 0
-        self.model.train()
-        for _epoch in range(cfg.epochs_per_step):
-            order = (
-                torch.randperm(len(samples), generator=gen).tolist()
-                if cfg.shuffle
-                else list(range(len(samples)))
-            )
-            for mb_idx in torch.tensor_split(torch.tensor(order), cfg.minibatches_per_step):
-                mini = mb_idx.tolist()
-                if not mini:
-                    continue
-                micros = self._micro_batches(mini)
-                scale = 1.0 / len(micros)
-                for idx in self.dist.shard(micros):
-                    mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
-                    train_tokens += int(mb.attention_mask.sum())
-                    logp_new, ent_new = self._logp(self.model, mb, cfg.entropy_coef > 0)
-                    logp_old = self._place(mb, samples, old)
-                    mask = mb.loss_mask
-                    is_w = keep = None
-                    if corr is not None:
-                        # the step's rows of this micro-batch (right padding: its columns are a prefix)
-                        rows, cols = torch.tensor(mb.index, device=self.device), mask.shape[1]
-                        is_w, keep = corr.weights[rows, :cols], corr.keep_mask[rows, :cols]
-                        mask = mask * keep.to(mask.dtype)  # dropped tokens leave every term's aggregation
-                    if cfg.policy_loss == "gspo":
-                        pg, st = gspo_loss(
-                            logp_new,
-                            logp_old,
-                            mb.advantages,
-                            mask,
-                            clip_eps=cfg.gspo_clip_eps,
-                            clip_eps_high=cfg.gspo_clip_eps_high,
-                            is_weights=is_w,
-                        )
-                    else:
-                        pg, st = ppo_clip_loss(
-                            logp_new,
-                            logp_old,
-                            mb.advantages,
-                            mask,
-                            clip_eps=cfg.clip_eps,
-                            clip_eps_high=cfg.clip_eps_high,
-                            dual_clip_c=cfg.dual_clip_c,
-                            agg=cfg.loss_agg,
-                            is_weights=is_w,
-                        )
-                    loss = pg
-                    if self.ref_model is not None and ref is not None:
-                        kl = aggregate(
-                            low_var_kl(logp_new, self._place(mb, samples, ref), cfg.kl_clamp),
-                            mask,
-                            cfg.loss_agg,
-                        )
-                        loss = loss + cfg.kl_coef * kl
-                        kl_terms.append(float(kl.detach()))
-                    if ent_new is not None:
-                        e = aggregate(ent_new, mask, cfg.loss_agg)
-                        loss = loss - cfg.entropy_coef * e
-                        ent_terms.append(float(e.detach()))
-                    det = self.regularizer(
-                        logp_new, logp_old, mb.advantages, mb.loss_mask, mb.answer_mask, ans_w, keep
-                    )
-                    if det is not None:
-                        loss = loss + det.term
-                        llds_terms.append(float(det.term.detach()))
-                        gated[0] += det.gated_units
-                        gated[1] += det.total_units
-                    (loss * scale).backward()
-                    pg_losses.append(float(pg.detach()))
-                    totals.append(float(loss.detach()))
-                    clip_fracs.append(st.clip_frac)
-                    dual_clip_fracs.append(st.dual_clip_frac)
-                    ratio_max = max(ratio_max, st.ratio_max)
-                self.dist.all_reduce_grads(self.params)
-                norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
-                if math.isfinite(norm):
-                    self.optimizer.step()
-                    updates += 1
-                else:
-                    nonfinite += 1
-                    log.warning("step %d: non-finite gradient norm, update skipped", step + 1)
-                self.optimizer.zero_grad(set_to_none=True)
-                grad_norms.append(norm)
+        sums, ratio_max, grad_norms, nonfinite = self._update(samples, old, ref, corr, ans_w, step)
         t_train = time.perf_counter()
-
-        # Sums over ranks of the per-micro-batch diagnostics, keyed by name (every rank reduces the
-        # same names in the same order), so every rank logs the same record.
-        local = {"pg": sum(pg_losses), "micro": len(pg_losses), "llds": sum(llds_terms), "llds_n": len(llds_terms),
-                 "total": sum(totals), "clip": sum(clip_fracs), "dual_clip": sum(dual_clip_fracs),
-                 "gated": gated[0], "gate_units": gated[1], "train_tokens": train_tokens,
-                 "kl": sum(kl_terms), "kl_n": len(kl_terms), "ent": sum(ent_terms), "ent_n": len(ent_terms)}  # fmt: skip
-        sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
         n_micro = max(sums["micro"], 1)
 
         after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld_probe else None
@@ -505,8 +384,8 @@ class Trainer:
             K.TIME_UNIX: time.time(),
             K.DATA_GROUPS: len(groups),
             K.DATA_TRAJECTORIES: len(samples),
-            K.DATA_LOSS_TOKENS: n_loss,
-            K.DATA_STALE_TOKENS: stale_tokens,
+            K.DATA_LOSS_TOKENS: mm[K.DATA_LOSS_TOKENS],
+            K.DATA_STALE_TOKENS: mm[K.DATA_STALE_TOKENS],
             K.DATA_OVERLONG: sum(s.overlong for s in samples),
             K.REWARD_MEAN: sum(s.reward for s in samples) / len(samples),
             K.REWARD_EXACT_MATCH: sum(s.exact_match for s in samples) / len(samples),
@@ -520,25 +399,24 @@ class Trainer:
             K.LLDS_GATED_FRACTION: sums["gated"] / sums["gate_units"] if sums["gate_units"] else 0.0,
             K.LLDS_ANSWER_WEIGHT: ans_w,
             K.ACTOR_LR: lr,
-            K.ACTOR_UPDATES: updates,
+            K.ACTOR_UPDATES: len(grad_norms) - nonfinite,
             K.ACTOR_NONFINITE_UPDATES: nonfinite,
-            K.ACTOR_GRAD_NORM: _mean(grad_norms),
+            K.ACTOR_GRAD_NORM: mean(grad_norms),
             K.ACTOR_GRAD_NORM_MAX: max(grad_norms) if grad_norms else None,
             K.ACTOR_CLIP_FRAC: sums["clip"] / n_micro,
             K.ACTOR_DUAL_CLIP_FRAC: sums["dual_clip"] / n_micro if cfg.dual_clip_c is not None else None,
             K.ACTOR_RATIO_MAX: ratio_max,
-            K.MISMATCH_KL: _mean(mm_kl),
-            K.MISMATCH_ABS_LOGP_DIFF: _mean(mm_abs),
+            K.MISMATCH_KL: mm[K.MISMATCH_KL],
+            K.MISMATCH_ABS_LOGP_DIFF: mm[K.MISMATCH_ABS_LOGP_DIFF],
             **corr_rec,
             K.ROLLOUT_VALID_SEARCHES_MEAN: v_s,
             K.ROLLOUT_TURNS_MEAN: sum(s.num_turns for s in samples) / len(samples),
             K.ROLLOUT_RESPONSE_LEN_MEAN: sum(len(s.response_ids) for s in samples) / len(samples),
-            K.PERF_STEP_S: t_train - t0 + (time.perf_counter() - t_train),
             K.PERF_OLD_PASS_S: t_old - t0,
             K.PERF_UPDATE_S: t_train - t_old,
             K.PERF_TRAIN_TOKENS_PER_S: sums["train_tokens"] / max(t_train - t_old, 1e-9),
         }
-        rec.update(self._lld_signals(samples, old, ent, after))
+        rec.update(lld_signals(samples, old, ent, after))
         rec[K.LLD_LLDS_TERM] = rec[K.LOSS_LLDS]
         before = self.monitor.state
         rec.update(
@@ -554,75 +432,13 @@ class Trainer:
         acted = self.alarm_action.react(before, self.monitor.state, self.state.step)
         rec[K.LLD_ACTION] = float(acted)
         if acted:
-            self.regularizer = build_regularizer(cfg, self.alarm_action.lam)
+            self.objective = Objective.from_config(cfg, self.alarm_action.lam)
             log.warning(
                 "LLD alarm %s at step %d: %s, LLDS lambda now %s (from the next step)",
                 self.monitor.state, self.state.step, cfg.lld_alarm_action, self.alarm_action.lam,
             )  # fmt: skip
         rec[K.PERF_STEP_S] = time.perf_counter() - t0
         return rec
-
-    def _lld_signals(
-        self, samples: list[Sample], old: list[Tensor], ent: list[Tensor] | None, after: list[Tensor] | None
-    ) -> dict[str, float | None]:
-        """Spec section 5 signals on correct responses (log-probs under pi_old, displacement after the step)."""
-        corr_tok, corr_n, corr_resp = 0.0, 0, []
-        inc_tok, inc_n = 0.0, 0
-        first_lp, first_n, later_lp, later_n = 0.0, 0, 0.0, 0
-        disp: list[float] = []
-        act_fell, act_n = 0, 0
-        first_d, first_dn, later_d, later_dn = 0.0, 0, 0.0, 0
-        ent_sum, ent_n = 0.0, 0
-        for i, s in enumerate(samples):
-            m = torch.tensor(s.loss_mask, dtype=torch.bool)
-            if not m.any():
-                continue
-            lp = old[i]
-            if ent is not None:
-                ent_sum += float(ent[i][m].sum())
-                ent_n += int(m.sum())
-            if not s.correct:
-                inc_tok += float(lp[m].sum())
-                inc_n += int(m.sum())
-                continue
-            corr_tok += float(lp[m].sum())
-            corr_n += int(m.sum())
-            corr_resp.append(float(lp[m].sum()))
-            runs = _runs(s.loss_mask)
-            a0, e0 = runs[0]
-            first_lp += float(lp[a0:e0].sum())
-            first_n += e0 - a0
-            for a, e in runs[1:]:
-                later_lp += float(lp[a:e].sum())
-                later_n += e - a
-            if after is not None:
-                d = after[i] - lp
-                disp.append(float(d[m].sum()))
-                for k, (a, e) in enumerate(runs):
-                    da = float(d[a:e].sum())
-                    act_fell += int(da < 0)
-                    act_n += 1
-                    if k == 0:
-                        first_d, first_dn = first_d + da, first_dn + (e - a)
-                    else:
-                        later_d, later_dn = later_d + da, later_dn + (e - a)
-        c_tok = corr_tok / corr_n if corr_n else None
-        i_tok = inc_tok / inc_n if inc_n else None
-        return {
-            K.LLD_N_CORRECT: float(len(corr_resp)),
-            K.LLD_CORRECT_LOGP_TOKEN: c_tok,
-            K.LLD_CORRECT_LOGP_RESPONSE: _mean(corr_resp),
-            K.LLD_INCORRECT_LOGP_TOKEN: i_tok,
-            K.LLD_CORRECT_INCORRECT_GAP: c_tok - i_tok if c_tok is not None and i_tok is not None else None,
-            K.LLD_FIRST_ACTION_LOGP: first_lp / first_n if first_n else None,
-            K.LLD_LATER_ACTION_LOGP: later_lp / later_n if later_n else None,
-            K.LLD_DISPLACEMENT_MEAN: _mean(disp),
-            K.LLD_FELL_FRACTION_RESPONSES: sum(1 for x in disp if x < 0) / len(disp) if disp else None,
-            K.LLD_FELL_FRACTION_ACTIONS: act_fell / act_n if act_n else None,
-            K.LLD_FIRST_ACTION_DISPLACEMENT: first_d / first_dn if first_dn else None,
-            K.LLD_LATER_ACTION_DISPLACEMENT: later_d / later_dn if later_dn else None,
-            K.ACTOR_ENTROPY: ent_sum / ent_n if ent_n else None,
-        }
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, run_dir: str | Path) -> Path:
@@ -676,19 +492,4 @@ class Trainer:
         self.state = TrainState.from_state(st, self.cfg.consumed_window_steps)
         self.monitor.load_state_dict(st["monitor"])
         self.alarm_action.load_state_dict(st.get("alarm_action"))
-        self.regularizer = build_regularizer(self.cfg, self.alarm_action.lam)
-
-
-def _runs(mask: Sequence[int]) -> list[tuple[int, int]]:
-    """Maximal runs of 1s in ``mask`` as half-open spans."""
-    out: list[tuple[int, int]] = []
-    start = None
-    for j, m in enumerate(mask):
-        if m and start is None:
-            start = j
-        elif not m and start is not None:
-            out.append((start, j))
-            start = None
-    if start is not None:
-        out.append((start, len(mask)))
-    return out
+        self.objective = Objective.from_config(self.cfg, self.alarm_action.lam)

@@ -10,8 +10,9 @@ from pydantic import ValidationError
 from test_core import _cfg
 
 from llds_trainer.config import TrainerConfig
-from llds_trainer.core import LLDSRegularizer, NoRegularizer, Trainer
+from llds_trainer.core import Trainer
 from llds_trainer.lld import AlarmAction, LLDMonitor
+from llds_trainer.objective import LLDSRegularizer, NoRegularizer
 from llds_trainer.synthetic import synthetic_groups
 
 
@@ -94,15 +95,18 @@ def test_the_trainer_switches_llds_on_at_the_step_the_alarm_enters_warning(
     assert [r["lld/action"] for r in recs] == [0.0, 1.0]
     assert [r["llds/lambda"] for r in recs] == [0.0, 0.0]
     assert all(r["loss/llds"] == 0.0 for r in recs)
-    assert isinstance(tr.regularizer, LLDSRegularizer) and tr.regularizer.lam == 0.25
+    assert isinstance(tr.objective.regularizer, LLDSRegularizer) and tr.objective.regularizer.lam == 0.25
     # a checkpoint taken now resumes with LLDS on
     path = tr.save_checkpoint(tmp_path / "run")
     resumed = Trainer(cfg)
     resumed.load_checkpoint(path)
-    assert isinstance(resumed.regularizer, LLDSRegularizer) and resumed.regularizer.lam == 0.25
+    assert (
+        isinstance(resumed.objective.regularizer, LLDSRegularizer)
+        and resumed.objective.regularizer.lam == 0.25
+    )
     assert resumed.alarm_action.fired_steps == [2]
     # step 3 trains with LLDS (non-zero on the second update of the step), no new event
     r3 = tr.train_step(groups[2:4])
     assert r3["llds/lambda"] == 0.25 and r3["lld/action"] == 0.0 and r3["loss/llds"] > 0
     fresh = Trainer(_cfg(tiny_model_dir, regularizer="none"))
-    assert isinstance(fresh.regularizer, NoRegularizer)
+    assert isinstance(fresh.objective.regularizer, NoRegularizer)
