@@ -382,6 +382,10 @@ def _run_or_exit(*a: Any, **k: Any) -> dict[str, Any]:
         ) from None
 
 
+def _ints(text: str) -> list[int]:
+    return [int(x) for x in text.split(",") if x.strip()]
+
+
 def _merge_results(out: Path, new: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """OUT/results.json with ``new`` merged in by (arm, seed), ordered by seed then arm: invocations of
     the study with different --seeds or --arms add up instead of overwriting each other."""
@@ -398,7 +402,7 @@ def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) ->
     """OUT/study.json: this command, with --seeds and --arms widened to every earlier invocation's."""
     path = args.out / "study.json"
     old = json.loads(path.read_text()) if path.is_file() else {}
-    seen_seeds = {int(x) for x in str(old.get("seeds", "")).split(",") if x.strip()} | set(seeds)
+    seen_seeds = set(_ints(str(old.get("seeds", "")))) | set(seeds)
     seen_arms = {x for x in str(old.get("arms", "")).split(",") if x.strip()} | set(arms)
     study = {k: getattr(args, k) for k in STUDY_KEYS}
     differ = [f"{k} {old[k]!r} there, {study[k]!r} here" for k in ("preset", "steps", "eval_limit", "stop_dead")
@@ -526,6 +530,15 @@ def report(
                   f"{_f(base['eval_em'])} on {base['eval_n']} questions."]  # fmt: skip
     if not results:
         lines += ["", "No (arm, seed) run of this command has finished yet."]
+    have = {(r["arm"], r["seed"]) for r in results}
+    todo = [
+        f"{a} s{s}"
+        for s in _ints(str(args.seeds))
+        for a in str(args.arms).split(",")
+        if a and (a, s) not in have
+    ]
+    if results and todo:
+        lines += ["", f"Not finished yet (the command with `--resume` runs them): {', '.join(todo)}."]
     diffs = paired(results, "eval_em") + paired(results, "reward_last")
     if diffs:
         lines += ["", "Paired by seed, against GRPO:", "", "| arms | figure | per seed | mean | std |",
