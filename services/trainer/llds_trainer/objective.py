@@ -80,19 +80,26 @@ POLICY_LOSSES: dict[str, Callable[[TrainerConfig], PolicyLoss]] = {
 """``TrainerConfig.policy_loss`` -> the loss object's builder."""
 
 
-class Regularizer(Protocol):
-    """A likelihood regulariser added to the policy loss (chosen by ``TrainerConfig.regularizer``)."""
+@dataclass(frozen=True)
+class MicroInputs:
+    """One micro-batch's tensors, aligned ``[B, T]`` at the target positions."""
 
-    def __call__(
-        self,
-        logp_new: Tensor,
-        logp_old: Tensor,
-        advantages: Tensor,
-        loss_mask: Tensor,
-        answer_mask: Tensor,
-        answer_weight: float | None,
-        keep_mask: Tensor | None = None,
-    ) -> LLDSDetails | None: ...
+    logp_new: Tensor
+    logp_old: Tensor
+    advantages: Tensor
+    loss_mask: Tensor
+    answer_mask: Tensor
+    entropy: Tensor | None = None
+    logp_ref: Tensor | None = None
+    is_weights: Tensor | None = None
+    keep_mask: Tensor | None = None
+
+
+class Regularizer(Protocol):
+    """A likelihood regulariser added to the policy loss (chosen by ``TrainerConfig.regularizer``): it
+    gets the micro-batch's full loss mask and the correction's keep mask in ``x``."""
+
+    def __call__(self, x: MicroInputs, answer_weight: float | None) -> LLDSDetails | None: ...
 
 
 class NoRegularizer:
@@ -106,19 +113,10 @@ class LLDSRegularizer:
     gate: Any
     normalize: Any
 
-    def __call__(
-        self,
-        logp_new: Tensor,
-        logp_old: Tensor,
-        advantages: Tensor,
-        loss_mask: Tensor,
-        answer_mask: Tensor,
-        answer_weight: float | None,
-        keep_mask: Tensor | None = None,
-    ) -> LLDSDetails:
-        return llds_details(logp_new, logp_old, advantages, loss_mask, gate=self.gate, lam=self.lam,
-                            answer_mask=answer_mask, answer_weight=answer_weight, normalize=self.normalize,
-                            keep_mask=keep_mask)  # fmt: skip
+    def __call__(self, x: MicroInputs, answer_weight: float | None) -> LLDSDetails:
+        return llds_details(x.logp_new, x.logp_old, x.advantages, x.loss_mask, gate=self.gate, lam=self.lam,
+                            answer_mask=x.answer_mask, answer_weight=answer_weight, normalize=self.normalize,
+                            keep_mask=x.keep_mask)  # fmt: skip
 
 
 REGULARIZERS: dict[str, Callable[[TrainerConfig, float], Regularizer]] = {
@@ -169,21 +167,6 @@ class MicroStats:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@dataclass(frozen=True)
-class MicroInputs:
-    """One micro-batch's tensors, aligned ``[B, T]`` at the target positions."""
-
-    logp_new: Tensor
-    logp_old: Tensor
-    advantages: Tensor
-    loss_mask: Tensor
-    answer_mask: Tensor
-    entropy: Tensor | None = None
-    logp_ref: Tensor | None = None
-    is_weights: Tensor | None = None
-    keep_mask: Tensor | None = None
-
-
 @dataclass
 class Objective:
     """policy loss + kl_coef * KL - entropy_coef * entropy + regulariser, on one micro-batch."""
@@ -218,8 +201,7 @@ class Objective:
             e = aggregate(x.entropy, mask, self.agg)
             loss = loss - self.entropy_coef * e
             stats.ent, stats.ent_n = float(e.detach()), 1
-        det = self.regularizer(x.logp_new, x.logp_old, x.advantages, x.loss_mask, x.answer_mask, answer_weight,
-                               x.keep_mask)  # fmt: skip
+        det = self.regularizer(x, answer_weight)
         if det is not None:
             loss = loss + det.term
             stats.llds, stats.llds_n = float(det.term.detach()), 1

@@ -73,11 +73,9 @@ def test_a_new_regulariser_plugs_in_through_its_registry_entry(monkeypatch: pyte
         def __init__(self, lam: float) -> None:
             self.lam = lam
 
-        def __call__(
-            self, logp_new: Any, logp_old: Any, adv: Any, mask: Any, *a: Any, **k: Any
-        ) -> LLDSDetails:
+        def __call__(self, x: O.MicroInputs, answer_weight: float | None) -> LLDSDetails:
             seen.append(self.lam)
-            term = self.lam * ((logp_new - logp_old) ** 2 * mask).sum()
+            term = self.lam * ((x.logp_new - x.logp_old) ** 2 * x.loss_mask).sum()
             return LLDSDetails(term=term, penalty=term, gated_units=1, total_units=2)
 
     monkeypatch.setitem(O.REGULARIZERS, "llds", lambda cfg, lam: Squares(lam))
