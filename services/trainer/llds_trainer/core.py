@@ -6,10 +6,9 @@ modules that never call back into an earlier one:
 
 1. groups -> samples with GRPO advantages (``llds_trainer.batch``);
 2. pi_old pass (no grad, here): the current policy's log-probs of every sampled token (and the
-   reference model's when the KL term is on) and the entropy; the sampler/trainer mismatch from them
-   (``llds_trainer.signals``);
+   reference model's when the KL term is on) and the entropy;
 3. off-policy correction (``llds_trainer.correction``): weights and a keep mask per token from the
-   sampler's log-probs, pi_old's and the sampling versions;
+   sampler's log-probs, pi_old's and the sampling versions, and the sampler/trainer mismatch;
 4. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates (:meth:`Trainer._update`), each
    accumulating gradients over micro-batches (split across data-parallel ranks), clipped, AdamW; each
    micro-step is the config-chosen :class:`~llds_trainer.objective.Objective` (policy loss, KL, entropy,
@@ -44,7 +43,7 @@ from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
 from llds_trainer.loss import answer_weight, entropy_from_logits, token_logprobs
 from llds_trainer.objective import MicroInputs, MicroStats, Objective, configured_lambda
-from llds_trainer.signals import lld_signals, mean, mismatch
+from llds_trainer.signals import lld_signals, mean
 
 log = logging.getLogger("llds.trainer")
 
@@ -255,8 +254,9 @@ class Trainer:
 
     def _correct(
         self, samples: list[Sample], old: list[Tensor]
-    ) -> tuple[CorrectionOut | None, dict[str, float | None]]:
-        """The off-policy correction of every sample (rows in sample order) and its step-record values.
+    ) -> tuple[CorrectionOut | None, dict[str, float | int | None]]:
+        """The off-policy correction of every sample (rows in sample order) and its step-record values,
+        with the sampler/trainer mismatch and the loss and stale token counts.
 
         Computed once per step on all samples (every rank holds them all), so the statistics need no
         reduction across ranks and count each token once whatever the epochs and mini-batches.
@@ -264,9 +264,14 @@ class Trainer:
         full = collate(samples, range(len(samples)), self.pad_id).to(self.device)
         logp_old = self._place(full, samples, old)  # [N, L-1]
         loss = full.loss_mask.bool()  # [N, L-1]
-        rec = ratio_quantiles(
-            (logp_old - full.logp_sampler)[loss], (self.state.version - full.versions)[loss]
-        )
+        d = (logp_old - full.logp_sampler)[loss]  # [n] log-ratio pi_old / sampler of the loss tokens
+        behind = (self.state.version - full.versions)[loss]  # [n] versions behind the trainer's
+        rec = ratio_quantiles(d, behind)
+        # The sampler/trainer mismatch from the same log-ratios: KL(sampler || pi_old) (k3 estimator).
+        rec[K.MISMATCH_KL] = float((torch.exp(d) - d - 1).double().mean()) if d.numel() else None
+        rec[K.MISMATCH_ABS_LOGP_DIFF] = float(d.abs().double().mean()) if d.numel() else None
+        rec[K.DATA_LOSS_TOKENS] = int(loss.sum())
+        rec[K.DATA_STALE_TOKENS] = int((behind > 0).sum())
         if self.correction is None:
             return None, {**rec, K.IS_WEIGHT_MEAN: None, K.IS_TRUNCATED_FRAC: None,
                           K.IS_MASKED_TOKEN_FRAC: None, K.IS_DROPPED_SEQ_FRAC: None}  # fmt: skip
@@ -371,7 +376,6 @@ class Trainer:
             cfg.answer_weight_mode, cfg.llds_lambda if lam is None else lam, cfg.answer_weight, v_s
         )
 
-        mm = mismatch(samples, old, self.state.version)
         corr, corr_rec = self._correct(samples, old)
         sums, ratio_max, grad_norms, nonfinite = self._update(samples, old, ref, corr, ans_w, step)
         t_train = time.perf_counter()
@@ -384,8 +388,6 @@ class Trainer:
             K.TIME_UNIX: time.time(),
             K.DATA_GROUPS: len(groups),
             K.DATA_TRAJECTORIES: len(samples),
-            K.DATA_LOSS_TOKENS: mm[K.DATA_LOSS_TOKENS],
-            K.DATA_STALE_TOKENS: mm[K.DATA_STALE_TOKENS],
             K.DATA_OVERLONG: sum(s.overlong for s in samples),
             K.REWARD_MEAN: sum(s.reward for s in samples) / len(samples),
             K.REWARD_EXACT_MATCH: sum(s.exact_match for s in samples) / len(samples),
@@ -406,8 +408,6 @@ class Trainer:
             K.ACTOR_CLIP_FRAC: sums["clip"] / n_micro,
             K.ACTOR_DUAL_CLIP_FRAC: sums["dual_clip"] / n_micro if cfg.dual_clip_c is not None else None,
             K.ACTOR_RATIO_MAX: ratio_max,
-            K.MISMATCH_KL: mm[K.MISMATCH_KL],
-            K.MISMATCH_ABS_LOGP_DIFF: mm[K.MISMATCH_ABS_LOGP_DIFF],
             **corr_rec,
             K.ROLLOUT_VALID_SEARCHES_MEAN: v_s,
             K.ROLLOUT_TURNS_MEAN: sum(s.num_turns for s in samples) / len(samples),

@@ -30,7 +30,7 @@ per trajectory).
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -242,6 +242,16 @@ class GeometricRejection(_RowRejection):
         return g, torch.ones_like(g)
 
 
+METHODS: Mapping[str, Callable[[float, float, float], Correction]] = {
+    "tis": lambda cap, low, high: TokenTIS(cap),
+    "seq_tis": lambda cap, low, high: SequenceTIS(cap),
+    "mis": lambda cap, low, high: TokenMIS(low, high),
+    "seq_mis": lambda cap, low, high: SequenceMIS(low, high),
+    "geo_reject": lambda cap, low, high: GeometricRejection(low, high),
+}
+"""``TrainerConfig.is_method`` -> builder(cap, low, high) of its correction."""
+
+
 def build_correction(
     scope: Scope, method: Method, *, cap: float, low: float, high: float
 ) -> Correction | None:
@@ -249,17 +259,9 @@ def build_correction(
     ``is_high``); ``None`` when ``is_correction`` is ``off``."""
     if scope == "off":
         return None
-    if method == "tis":
-        return TokenTIS(cap)
-    if method == "seq_tis":
-        return SequenceTIS(cap)
-    if method == "mis":
-        return TokenMIS(low, high)
-    if method == "seq_mis":
-        return SequenceMIS(low, high)
-    if method == "geo_reject":
-        return GeometricRejection(low, high)
-    raise ValueError(f"unknown is_method {method!r}")
+    if method not in METHODS:
+        raise ValueError(f"unknown is_method {method!r}")
+    return METHODS[method](cap, low, high)
 
 
 RATIO_QUANTILES = (0.01, 0.5, 0.99)

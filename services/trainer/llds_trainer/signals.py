@@ -1,6 +1,6 @@
-"""The step's signals computed from per-sample, response-aligned log-probs: the sampler/trainer mismatch
-and the likelihood-displacement signals of the spec's section 5. Pure functions of the samples and the
-log-probs the scoring passes produced; nothing here touches a model."""
+"""The step's likelihood-displacement signals (the spec's section 5): pure functions of the samples
+and the per-sample, response-aligned log-probs the scoring passes produced; nothing here touches a
+model."""
 
 from __future__ import annotations
 
@@ -15,23 +15,6 @@ from llds_trainer.batch import Sample
 
 def mean(xs: Sequence[float]) -> float | None:
     return sum(xs) / len(xs) if xs else None
-
-
-def mismatch(samples: list[Sample], old: list[Tensor], version: int) -> dict[str, float | int | None]:
-    """KL(sampler || pi_old) (k3 estimator) and the mean absolute log-prob difference over loss tokens,
-    with the loss-token count and how many of those a policy older than ``version`` sampled."""
-    kl: list[float] = []
-    diff: list[float] = []
-    stale = n_loss = 0
-    for i, s in enumerate(samples):
-        m = torch.tensor(s.loss_mask, dtype=torch.bool)
-        d = (old[i] - torch.tensor(s.logprobs))[m]
-        kl.extend((torch.exp(d) - d - 1).tolist())
-        diff.extend(d.abs().tolist())
-        stale += sum(1 for v, mk in zip(s.versions, s.loss_mask, strict=True) if mk and v < version)
-        n_loss += int(m.sum())
-    return {K.MISMATCH_KL: mean(kl), K.MISMATCH_ABS_LOGP_DIFF: mean(diff), K.DATA_LOSS_TOKENS: n_loss,
-            K.DATA_STALE_TOKENS: stale}  # fmt: skip
 
 
 def lld_signals(
