@@ -50,13 +50,13 @@ def main(argv: list[str]) -> int:
         tok, args.groups, args.group_size, seed=0, think_words=args.think_words, doc_words=args.doc_words
     )
     common = dict(
-        model=args.model, device=args.device, lr=1e-6, micro_batch_size=args.micro_batch_size,
-        minibatches_per_step=2, lld_probe=False, seed=0,
+        model=args.model, device=args.device, optimizer={"lr": 1e-6}, micro_batch_size=args.micro_batch_size,
+        minibatches_per_step=2, lld={"probe": False}, seed=0,
     )  # fmt: skip
     variants = {
         "GRPO": TrainerConfig(**common, regularizer="none"),
         "GRPO + LLDS (action, MA)": TrainerConfig(
-            **common, regularizer="llds", llds_gate="action", answer_weight_mode="adaptive_code"
+            **common, regularizer={"type": "llds", "gate": "action", "answer_weight_mode": "adaptive_code"}
         ),
     }
     trainers = {name: Trainer(cfg) for name, cfg in variants.items()}

@@ -28,16 +28,19 @@ from typing import Any
 import tomli_w
 
 from llds_proto import steplog as K
+from llds_server.settings import merged
 
 ROOT = Path(__file__).resolve().parents[2]
 
-ARMS: dict[str, dict[str, object]] = {
-    "grpo": {"regularizer": "none"},
-    "grpo_llds": {"regularizer": "llds", "llds_gate": "action", "answer_weight_mode": "off"},
-    "grpo_llds_ma": {"regularizer": "llds", "llds_gate": "action", "answer_weight_mode": "adaptive_code"},
-    "grpo_alarm": {"regularizer": "none", "lld_alarm_action": "enable_llds", "answer_weight_mode": "off"},
+_LLDS = {"type": "llds", "gate": "action", "answer_weight_mode": "off"}
+ARMS: dict[str, dict[str, Any]] = {
+    "grpo": {"regularizer": {"type": "none"}},
+    "grpo_llds": {"regularizer": _LLDS},
+    "grpo_llds_ma": {"regularizer": _LLDS | {"answer_weight_mode": "adaptive_code"}},
+    "grpo_alarm": {"regularizer": {"type": "none"}, "lld": {"alarm": {"type": "enable_llds", "llds": _LLDS}}},
 }
-"""Trainer-config overrides of each arm; everything else comes from the preset (or --trainer-config)."""
+"""Trainer-config overrides of each arm (merged by :func:`merged`); everything else comes from the preset
+(or --trainer-config)."""
 STUDY_KEYS = ("preset", "steps", "eval_limit", "seeds", "arms", "stop_dead")
 """What OUT/study.json records of the command, so --report-only can state it."""
 
@@ -170,11 +173,14 @@ def run_name(arm: str, seed: int) -> str:
     return f"{arm}-s{seed}"
 
 
-def merged(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
-    """``cfg`` with ``overrides`` on top; a table (``[engine]``) is merged key by key, not replaced."""
-    out = dict(cfg)
-    for k, v in overrides.items():
-        out[k] = out[k] | v if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+def flat_keys(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """Nested tables as dotted keys (``{"regularizer": {"type": "none"}}`` -> ``regularizer.type``)."""
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out |= flat_keys(v, f"{prefix}{k}.")
+        else:
+            out[f"{prefix}{k}"] = v
     return out
 
 
@@ -583,9 +589,10 @@ def search_table(results: list[dict[str, Any]]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in results:
-        over = ", ".join(f"{k}={v}" for k, v in r["overrides"].items() if k != "regularizer")
+        skip = ("regularizer", "regularizer.type")
+        over = ", ".join(f"{k}={v}" for k, v in flat_keys(r["overrides"]).items() if k not in skip)
         if r.get("rollout_overrides"):
-            over += "; " + ", ".join(f"{k}={v}" for k, v in r["rollout_overrides"].items())
+            over += "; " + ", ".join(f"{k}={v}" for k, v in flat_keys(r["rollout_overrides"]).items())
         c, t = r["collapse_step"], r["logp_turn_step"]
         first = "-" if c is None else ("yes" if t is not None and t < c else "no")
         lines.append(
@@ -660,7 +667,7 @@ def search_main(argv: list[str] | None = None) -> int:
     if not args.report_only:
         for s in settings:
             if s["name"] in only:
-                done[s["name"]] = _run_or_exit(s["name"], args.seed, args, ARMS[arm] | s.get("trainer", {}),
+                done[s["name"]] = _run_or_exit(s["name"], args.seed, args, merged(ARMS[arm], s.get("trainer", {})),
                                           s.get("rollout") or None)  # fmt: skip
                 results = [done[n] for n in names if n in done]
                 path.write_text(json.dumps(results, indent=1) + "\n")

@@ -288,8 +288,8 @@ def check_observations_never_enter_the_loss(
     replaced by garbage on every masked position. Same record, bit-identical weights."""
     from llds_trainer.core import Trainer
 
-    kw = {"kl_coef": 0.01, "entropy_coef": 0.01, "is_correction": "all", "regularizer": "llds",
-          "minibatches_per_step": 2, "lld_probe": True, "lr": 1e-3}  # fmt: skip
+    kw = {"kl_coef": 0.01, "entropy_coef": 0.01, "correction": {"tokens": "all"}, "regularizer": "llds",
+          "minibatches_per_step": 2, "lld": {"probe": True}, "optimizer": {"lr": 1e-3}}  # fmt: skip
 
     def step(gs: Sequence[TrajectoryGroup], name: str) -> tuple[dict[str, Any], dict[str, torch.Tensor]]:
         trainer = Trainer(trainer_config(model_dir, tmp / name, **kw))

@@ -93,7 +93,7 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
     run, weights = tmp_path / "run", tmp_path / "weights"
     extra = ["--set", "publish_every=1", "--set", "checkpoint_every=2", "--set", "staleness_k=1000",
              "--set", f"minibatches_per_step={UPDATES}", "--set", "consumed_window_steps=100",
-             "--set", f"keep_versions={KEEP_VERSIONS}", "--set", "lld_probe=false"]  # fmt: skip
+             "--set", f"keep_versions={KEEP_VERSIONS}", "--set", "lld.probe=false"]  # fmt: skip
     rng = random.Random(20261201)
     outcomes: list[tuple[str, bool]] = []
     for i in range(KILLS):

@@ -91,7 +91,7 @@ def start_trainer(
         "--model", str(model), "--redis-url", redis_url,
         "--run-dir", str(tmp / "run"), "--weights-root", str(tmp / "weights"),
         "--steps", str(steps), "--port", str(port),
-        "--set", "groups_per_step=2", "--set", "micro_batch_size=3", "--set", "lr=1e-3",
+        "--set", "groups_per_step=2", "--set", "micro_batch_size=3", "--set", "optimizer.lr=1e-3",
         "--set", "read_block_ms=200", "--set", "num_threads=1",
         *extra,
     ]  # fmt: skip
@@ -316,10 +316,10 @@ def test_the_acting_alarm_fires_in_a_real_run_and_switches_llds_on(
     r.set(streams.DEFAULT_KEYS.trainer_version, "0")
     steps = 6
     proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=steps, port=free_port(),
-                         extra=["--set", "regularizer=none", "--set", "lld_alarm_action=enable_llds",
-                                "--set", "lld_window=3", "--set", "lld_persist_steps=1",
-                                "--set", "lld_fell_fraction=0", "--set", "lr=3e-2",
-                                "--set", "groups_per_step=4", "--set", "llds_lambda=0.5"])  # fmt: skip
+                         extra=["--regularizer.type", "none", "--lld.alarm.type", "enable_llds",
+                                "--lld.window", "3", "--lld.persist-steps", "1",
+                                "--lld.fell-fraction", "0", "--optimizer.lr", "3e-2",
+                                "--groups-per-step", "4", "--lld.alarm.llds.coef", "0.5"])  # fmt: skip
     log_path = tmp_path / "run" / "train_log.jsonl"
     for step in range(steps):  # each step's groups sampled by the version it trains (none go stale)
         wait_for(lambda s=step: s == 0 or (log_path.is_file() and len(log_path.read_text().splitlines()) >= s),

@@ -14,6 +14,8 @@ Mapping of field types to flags:
 - ``list[X]`` (X one of the above): repeatable, the flags given replace the configured list;
 - ``tuple[X, X, ...]``: as many values after one flag;
 - a pydantic model: one dotted flag per field of it;
+- a ``typed_union`` section: ``--section.type`` choosing among its variants, and one dotted flag per
+  field of any variant (a field the chosen variant lacks is refused when the settings validate);
 - anything else, and secrets (``admin_token``): no flag.
 
 Every field, with a flag or not, is also reachable with ``--set KEY=VALUE`` (VALUE in TOML syntax,
@@ -36,7 +38,7 @@ from pydantic import BaseModel
 from pydantic.fields import FieldInfo
 from pydantic_core import PydanticUndefined, to_jsonable_python
 
-from llds_server.settings import is_secret_key
+from llds_server.settings import is_secret_key, type_values, union_variants
 
 SET_DEST = "settings_set"
 """Dest of ``--set`` (a list of (dotted key, value) pairs)."""
@@ -143,6 +145,13 @@ def settings_flags(
         dotted = f"{prefix}{name}"
         if dotted in exclude or is_secret_key(name):
             continue
+        variants = union_variants(info.annotation)
+        if variants:
+            for sub in _union_flags(variants, dotted, exclude):
+                if sub.group is None:
+                    sub = Flag(sub.path, sub.option, sub.kwargs, sub.help, dotted, _description(info))
+                yield sub
+            continue
         tp = _unwrap_optional(info.annotation)
         if _is_model(tp):
             for sub in settings_flags(tp, exclude=exclude, prefix=f"{dotted}."):
@@ -158,6 +167,54 @@ def settings_flags(
             kwargs["metavar"] = path[-1].upper() if "choices" not in kwargs else None
         option = "--" + ".".join(p.replace("_", "-") for p in path)
         yield Flag(path, option, kwargs, _help(info))
+
+
+def _union_flags(
+    variants: tuple[type[BaseModel], ...], dotted: str, exclude: Collection[str]
+) -> Iterator[Flag]:
+    """The flags of a :func:`~llds_server.settings.typed_union` section: ``type`` with every variant's
+    values as choices, then each other field once, its help naming the variants that have it and
+    each one's default. A field two variants type differently is a programming error (TypeError)."""
+    label = {v: "/".join(type_values(v)) for v in variants}
+    seen: dict[str, list[tuple[type[BaseModel], FieldInfo]]] = {}
+    for v in variants:
+        for name, info in v.model_fields.items():
+            seen.setdefault(name, []).append((v, info))
+    for name, owners in seen.items():
+        sub = f"{dotted}.{name}"
+        if sub in exclude:
+            continue
+        if name == "type":
+            choices = [t for v in variants for t in type_values(v)]
+            option = "--" + sub.replace("_", "-")
+            default = type_values(variants[0])[0]
+            each = "; ".join(f"{label[v]}: {_description(v.model_fields['type'])}" for v in variants)
+            yield Flag(tuple(sub.split(".")), option, {"type": str, "choices": choices, "metavar": None},
+                       f"{each} (default: {default})")  # fmt: skip
+            continue
+        only = "" if len(owners) == len(variants) else f"[{', '.join(label[v] for v, _ in owners)}] "
+        first = owners[0][1]
+        tp = _unwrap_optional(first.annotation)
+        if _is_model(tp):
+            for flag in settings_flags(tp, exclude=exclude, prefix=f"{sub}."):
+                yield Flag(flag.path, flag.option, flag.kwargs, only + flag.help, flag.group, flag.group_help)
+            continue
+        kwargs = [_field_kwargs(i.annotation) for _, i in owners]
+        if kwargs[0] is None:
+            continue
+        if any(k != kwargs[0] for k in kwargs):
+            raise TypeError(f"{sub}: the variants {[label[v] for v, _ in owners]} give it different types")
+        flag_kwargs = dict(kwargs[0])
+        if flag_kwargs.get("action") is not argparse.BooleanOptionalAction:
+            flag_kwargs["metavar"] = name.upper() if "choices" not in flag_kwargs else None
+        texts = [_default_text(i) for _, i in owners]
+        defaults = (
+            texts[0]
+            if len(set(texts)) == 1
+            else ", ".join(f"{label[v]} {t}" for (v, _), t in zip(owners, texts, strict=True))
+        )
+        text = f"{only}{_description(first)} {('(default: ' + defaults + ')').replace('%', '%%')}"
+        yield Flag(tuple(sub.split(".")), "--" + sub.replace("_", "-"), flag_kwargs, text)
 
 
 def _set_item(text: str) -> tuple[str, Any]:

@@ -9,11 +9,13 @@ from __future__ import annotations
 import argparse
 import re
 import tomllib
+import typing
 from contextvars import ContextVar
 from pathlib import Path
-from typing import Any, Self
+from typing import Annotated, Any, Self, Union
 
 import tomli_w
+from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
@@ -24,6 +26,76 @@ _TOML_DATA: ContextVar[dict[str, Any] | None] = ContextVar("_TOML_DATA", default
 
 class ConfigError(ValueError):
     """A config file or value that cannot be used; the message names it."""
+
+
+class ConfigModel(BaseModel):
+    """Base class of a nested config section (``[regularizer]``): no unknown keys, docstrings as help."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
+
+
+def type_values(variant: type[BaseModel]) -> tuple[str, ...]:
+    """The ``type`` values that select ``variant`` (its ``type: Literal[...]`` field)."""
+    info = variant.model_fields.get("type")
+    values = typing.get_args(info.annotation) if info is not None else ()
+    if not values or not all(isinstance(v, str) for v in values):
+        raise TypeError(f"{variant.__name__} needs a `type: Literal[...]` field to be a variant")
+    return values
+
+
+def typed_union(*variants: type[BaseModel]) -> Any:
+    """The type of a section whose ``type`` key picks the implementation's config among ``variants``.
+
+    A bare string is the type alone (``regularizer = "none"``). A section without ``type`` (``[policy_loss] clip_eps = 0.3``) is the first variant's default type,
+    so a TOML, env value or flag may set one field of the default variant alone; a key the chosen
+    variant does not have is an error naming it, and an unknown ``type`` one listing the choices.
+    :func:`llds_server.cli.settings_flags` gives such a section one flag per field of any variant.
+    """
+    tags = {v: "|".join(type_values(c)) for c in variants for v in type_values(c)}
+    default = variants[0].model_fields["type"].default
+
+    def pick(value: Any) -> Any:
+        t = value.get("type", default) if isinstance(value, dict) else getattr(value, "type", None)
+        return tags.get(t, t) if isinstance(t, str) else t
+
+    def shorthand(value: Any) -> Any:
+        return {"type": value} if isinstance(value, str) else value
+
+    members = tuple(Annotated[c, Tag("|".join(type_values(c)))] for c in variants)
+    return Annotated[Union[members], Discriminator(pick), BeforeValidator(shorthand)]  # noqa: UP007
+
+
+def merged(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
+    """``cfg`` with ``overrides`` on top; a table (``[engine]``) is merged key by key at every depth, not
+    replaced, except that an override table naming a ``type`` other than the one the base table names
+    (a base without ``type`` names none) replaces it: ``{"regularizer": {"type": "none"}}`` over an LLDS
+    table, whose keys mean nothing to the new type."""
+    out = dict(cfg)
+    for k, v in overrides.items():
+        old = out.get(k)
+        if (
+            isinstance(v, dict)
+            and isinstance(old, dict)
+            and v.get("type", old.get("type")) == old.get("type")
+        ):
+            out[k] = merged(old, v)
+        else:
+            out[k] = v
+    return out
+
+
+def union_variants(tp: Any) -> tuple[type[BaseModel], ...]:
+    """The variants of a :func:`typed_union` field's annotation (as pydantic stores it), else ``()``."""
+    if typing.get_origin(tp) not in (Union, typing.get_origin(int | str)):
+        return ()
+    out = []
+    for arg in typing.get_args(tp):
+        if typing.get_origin(arg) is Annotated:
+            arg = typing.get_args(arg)[0]
+        if not (isinstance(arg, type) and issubclass(arg, BaseModel)):
+            return ()
+        out.append(arg)
+    return tuple(out)
 
 
 class _TomlSource(PydanticBaseSettingsSource):

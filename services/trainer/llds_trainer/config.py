@@ -1,4 +1,9 @@
-"""The trainer's configuration: one pydantic class, resolved defaults < TOML < env < CLI flags.
+"""The trainer's configuration: a tree of pydantic sections, resolved defaults < TOML < env < CLI flags.
+
+A section whose ``type`` key picks an implementation (``[policy_loss]``, ``[regularizer]``,
+``[correction]``, ``[lld.alarm]``) is a union of one config class per implementation; the module
+that implements them builds its object from the section alone (``llds_trainer.objective``,
+``llds_trainer.correction``, ``llds_trainer.lld``).
 
 Importing this module imports no torch, so ``llds trainer run --help`` and config validation are
 instant and a bad config fails before a model loads.
@@ -6,22 +11,213 @@ instant and a bad config fails before a model loads.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
-from llds_server.settings import ServiceSettings
+from llds_server.settings import ConfigModel, ServiceSettings, typed_union
 
 ADMIN_TOKEN_ENV = "LLDS_ADMIN_TOKEN"
 """Environment variable holding the bearer token of the rollout's admin routes."""
 
 
+MOVED = {
+    "lr": "optimizer.lr", "weight_decay": "optimizer.weight_decay", "adam_betas": "optimizer.betas",
+    "adam_eps": "optimizer.eps", "warmup_steps": "optimizer.warmup_steps", "grad_clip": "optimizer.grad_clip",
+    "clip_eps": "policy_loss.clip_eps", "clip_eps_high": "policy_loss.clip_eps_high",
+    "dual_clip_c": "policy_loss.dual_clip_c", "gspo_clip_eps": "policy_loss.clip_eps with type gspo",
+    "gspo_clip_eps_high": "policy_loss.clip_eps_high with type gspo", "llds_lambda": "regularizer.coef",
+    "llds_gate": "regularizer.gate", "llds_normalize": "regularizer.normalize",
+    "answer_weight_mode": "regularizer.answer_weight_mode", "answer_weight": "regularizer.answer_weight",
+    "is_correction": "correction.tokens, or correction.type none", "is_method": "correction.type",
+    "is_cap": "correction.cap", "is_low": "correction.low", "is_high": "correction.high",
+    "lld_probe": "lld.probe", "lld_window": "lld.window", "lld_slope_threshold": "lld.slope_threshold",
+    "lld_fell_fraction": "lld.fell_fraction", "lld_persist_steps": "lld.persist_steps",
+    "lld_spike_factor": "lld.spike_factor", "lld_alarm_action": "lld.alarm.type",
+    "lld_alarm_trigger": "lld.alarm.trigger", "lld_alarm_lambda_factor": "lld.alarm.factor",
+    "lld_alarm_lambda_max": "lld.alarm.max",
+}  # fmt: skip
+"""Flat settings of earlier releases -> where they live now (an old TOML fails with this message)."""
+
+
+class AdamWConfig(ConfigModel):
+    """AdamW, with a linear warm-up and a global gradient-norm clip per update."""
+
+    type: Literal["adamw"] = "adamw"
+    """The optimizer (AdamW is the one there is)."""
+    lr: float = Field(default=1e-6, gt=0)
+    """Learning rate after warm-up."""
+    weight_decay: float = Field(default=0.01, ge=0)
+    """Decoupled weight decay."""
+    betas: tuple[float, float] = (0.9, 0.999)
+    """Adam betas."""
+    eps: float = Field(default=1e-8, gt=0)
+    """Adam epsilon."""
+    warmup_steps: int = Field(default=0, ge=0)
+    """Linear warm-up over this many RL steps: lr * (step + 1) / warmup_steps, then constant."""
+    grad_clip: float = Field(default=1.0, gt=0)
+    """Global gradient-norm clip per optimizer update."""
+
+
+class PPOConfig(ConfigModel):
+    """PPO's token-level clipped surrogate (GRPO's policy loss), optionally asymmetric and dual-clipped."""
+
+    type: Literal["ppo"] = "ppo"
+    """Token-level PPO-clip."""
+    clip_eps: float = Field(default=0.2, gt=0, lt=1)
+    """Clip range of the ratio (lower, and upper unless ``clip_eps_high``)."""
+    clip_eps_high: float | None = Field(default=None, gt=0)
+    """Upper clip range; unset = symmetric."""
+    dual_clip_c: float | None = Field(default=None, gt=1)
+    """Dual clip: bound a negative-advantage token's loss at ``c * |A|`` (3.0 is common); unset = off."""
+
+
+class GSPOConfig(ConfigModel):
+    """GSPO's sequence-level surrogate: one length-normalised ratio per response (arXiv 2507.18071)."""
+
+    type: Literal["gspo"] = "gspo"
+    """Sequence-level clipped surrogate."""
+    clip_eps: float = Field(default=3e-4, gt=0, lt=1)
+    """Clip range of the ratio (lower, and upper unless ``clip_eps_high``)."""
+    clip_eps_high: float = Field(default=4e-4, gt=0)
+    """Upper clip range."""
+
+
+PolicyLossConfig = typed_union(PPOConfig, GSPOConfig)
+
+
+class LLDSConfig(ConfigModel):
+    """LLDS: penalise likelihood decreases of non-negative-advantage responses (``llds_trainer.loss``)."""
+
+    type: Literal["llds"] = "llds"
+    """The LLDS regulariser."""
+    coef: float = Field(default=0.2, ge=0)
+    """The weight lambda of the LLDS term (0.3 for Qwen2.5-7B-Instruct in the paper)."""
+    gate: Literal["action", "response", "token"] = "action"
+    """Gate: action (default, best), response, or token (no gate)."""
+    normalize: Literal["token", "paper"] = "token"
+    """token: sum / loss tokens of the micro-batch (authors' code); paper: per-response mean (Eq. 4)."""
+    answer_weight_mode: Literal["off", "fixed", "adaptive_code", "adaptive_paper"] = "off"
+    """LLDS-MA answer-span weight: off, fixed, adaptive as in the code, adaptive as in the paper."""
+    answer_weight: float = Field(default=0.2, ge=0)
+    """w_ans of the MA rules (capped at ``coef``)."""
+
+
+class NoRegularizerConfig(ConfigModel):
+    """No likelihood regulariser (plain GRPO)."""
+
+    type: Literal["none"] = "none"
+    """No regulariser."""
+
+
+RegularizerConfig = typed_union(LLDSConfig, NoRegularizerConfig)
+
+CorrectionTokens = Literal["stale", "all"]
+
+
+class TruncatedISConfig(ConfigModel):
+    """Truncated importance weights (the default): ``tis`` token weights min(r, cap); ``seq_tis`` one
+    weight per trajectory min(prod r, cap)."""
+
+    type: Literal["tis", "seq_tis"] = "tis"
+    """Token-level (``tis``) or trajectory-level (``seq_tis``) truncated weights."""
+    tokens: CorrectionTokens = "stale"
+    """Tokens corrected: those sampled by an older version than pi_old, or every one (also corrects
+    engine/trainer numerics)."""
+    cap: float = Field(default=2.0, ge=1.0)
+    """Upper clamp of the weights."""
+
+
+class MaskedISConfig(ConfigModel):
+    """Masking: ``mis`` drops tokens with r outside [low, high] (the rest weighted r); ``seq_mis`` the
+    same with a trajectory's prod r; ``geo_reject`` drops trajectories whose geometric-mean r is
+    outside [low, high] (weight 1)."""
+
+    type: Literal["mis", "seq_mis", "geo_reject"] = "mis"
+    """Token masking (``mis``), trajectory masking (``seq_mis``) or geometric-mean rejection."""
+    tokens: CorrectionTokens = "stale"
+    """Tokens corrected: those sampled by an older version than pi_old, or every one (also corrects
+    engine/trainer numerics)."""
+    low: float = Field(default=0.5, gt=0, lt=1)
+    """Lower bound of the kept ratios; < 1 (a ratio of 1, on-policy, is always kept)."""
+    high: float = Field(default=2.0, gt=1)
+    """Upper bound of the kept ratios; > 1 (geo_reject wants a tight one, about 1.001)."""
+
+
+class NoCorrectionConfig(ConfigModel):
+    """No off-policy correction: the sampler's tokens are trained as if pi_old had sampled them."""
+
+    type: Literal["none"] = "none"
+    """No correction."""
+
+
+CorrectionConfig = typed_union(TruncatedISConfig, MaskedISConfig, NoCorrectionConfig)
+
+AlarmTrigger = Literal["warning", "alarm"]
+
+
+class NoAlarmActionConfig(ConfigModel):
+    """The monitor only reports its state."""
+
+    type: Literal["none"] = "none"
+    """Monitor only."""
+
+
+class EnableLLDSConfig(ConfigModel):
+    """Switch LLDS on when the monitor enters ``trigger`` (runs with ``regularizer.type = "none"``)."""
+
+    type: Literal["enable_llds"] = "enable_llds"
+    """Switch the LLDS below on."""
+    trigger: AlarmTrigger = "warning"
+    """Monitor state whose entry acts."""
+    llds: LLDSConfig = LLDSConfig()
+    """The LLDS switched on."""
+
+
+class RaiseLambdaConfig(ConfigModel):
+    """Multiply the LLDS weight each time the monitor enters ``trigger`` (runs with
+    ``regularizer.type = "llds"``)."""
+
+    type: Literal["raise_lambda"] = "raise_lambda"
+    """Raise lambda."""
+    trigger: AlarmTrigger = "warning"
+    """Monitor state whose entry acts."""
+    factor: float = Field(default=2.0, gt=1)
+    """Factor applied to lambda each time."""
+    max: float = Field(default=1.0, gt=0)
+    """Cap of lambda."""
+
+
+AlarmActionConfig = typed_union(NoAlarmActionConfig, EnableLLDSConfig, RaiseLambdaConfig)
+
+
+class LLDMonitorConfig(ConfigModel):
+    """The likelihood-displacement monitor (``llds_trainer.lld``): signals, warning and alarm."""
+
+    probe: bool = True
+    """After each step's last update, one extra no-grad forward to measure intra-step displacement."""
+    window: int = Field(default=10, ge=3)
+    """Steps in the slope window."""
+    slope_threshold: float = Field(default=0.0, ge=0)
+    """Warning needs the correct-response log-likelihood slope (nats/token/step) below minus this."""
+    fell_fraction: float = Field(default=0.5, ge=0, le=1)
+    """Warning needs the fraction of correct responses whose likelihood fell at or above this."""
+    persist_steps: int = Field(default=3, ge=1)
+    """Consecutive steps the warning conditions must hold."""
+    spike_factor: float = Field(default=3.0, gt=1)
+    """Alarm: entropy or gradient norm above this multiple of its window median."""
+    alarm: AlarmActionConfig = NoAlarmActionConfig()
+    """What entering a monitor state does: nothing (``none``), ``enable_llds`` or ``raise_lambda``."""
+
+
 class TrainerConfig(ServiceSettings):
     """Everything the trainer service reads; every field documented, env prefix ``LLDS_TRAINER_``."""
 
-    model_config = SettingsConfigDict(env_prefix="LLDS_TRAINER_", extra="forbid", validate_default=True)
+    model_config = SettingsConfigDict(
+        env_prefix="LLDS_TRAINER_", env_nested_delimiter="__", extra="forbid", validate_default=True
+    )
 
     # ---------------------------------------------------------------- wiring
     run_id: str = DEFAULT_RUN_ID
@@ -79,38 +275,16 @@ class TrainerConfig(ServiceSettings):
     seed: int = 0
     """Seed of the shuffling and of torch's RNG."""
 
-    # ---------------------------------------------------------------- optimizer
-    lr: float = Field(default=1e-6, gt=0)
-    """AdamW learning rate after warm-up."""
-    weight_decay: float = Field(default=0.01, ge=0)
-    """AdamW weight decay."""
-    adam_betas: tuple[float, float] = (0.9, 0.999)
-    """AdamW betas."""
-    adam_eps: float = Field(default=1e-8, gt=0)
-    """AdamW epsilon."""
-    warmup_steps: int = Field(default=0, ge=0)
-    """Linear warm-up over this many RL steps: lr * (step + 1) / warmup_steps, then constant."""
-    grad_clip: float = Field(default=1.0, gt=0)
-    """Global gradient-norm clip per optimizer update."""
-
     # ---------------------------------------------------------------- objective
-    policy_loss: Literal["ppo", "gspo"] = "ppo"
-    """Token-level PPO-clip (GRPO) or GSPO's sequence-level ratio."""
-    clip_eps: float = Field(default=0.2, gt=0)
-    """PPO clip range (lower, and upper unless ``clip_eps_high``)."""
-    clip_eps_high: float | None = Field(default=None, gt=0)
-    """Upper clip range; unset = symmetric."""
-    dual_clip_c: float | None = Field(default=None, gt=1)
-    """Dual clip: bound a negative-advantage token's loss at ``c * |A|`` (3.0 is common); unset = off."""
+    optimizer: AdamWConfig = AdamWConfig()
+    """The optimizer and its learning-rate schedule."""
+    policy_loss: PolicyLossConfig = PPOConfig()
+    """The clipped policy-gradient surrogate: ``type = "ppo"`` (token-level PPO-clip, GRPO) or ``"gspo"``."""
+    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
+    """Aggregation of the token losses of a micro-batch (Search-R1: token_mean)."""
     overlong_filter: bool = False
     """DAPO's overlong filtering: truncated responses (finish ``length``/``context``) keep their
     place in the group's advantage but are masked out of the loss (counted in ``data/overlong``)."""
-    gspo_clip_eps: float = Field(default=3e-4, gt=0)
-    """GSPO lower clip range of the sequence ratio."""
-    gspo_clip_eps_high: float = Field(default=4e-4, gt=0)
-    """GSPO upper clip range."""
-    loss_agg: Literal["token_mean", "seq_mean_token_mean"] = "token_mean"
-    """Aggregation of the token losses of a micro-batch (Search-R1: token_mean)."""
     temperature: float = Field(default=1.0, gt=0)
     """Sampling temperature; logits are divided by it so log-probs match the sampler's."""
     kl_coef: float = Field(default=0.0, ge=0)
@@ -119,35 +293,12 @@ class TrainerConfig(ServiceSettings):
     """Clamp of the per-token k3 KL estimate."""
     entropy_coef: float = Field(default=0.0, ge=0)
     """Entropy bonus coefficient (subtracted from the loss)."""
-
-    regularizer: Literal["none", "llds"] = "llds"
-    """Likelihood regulariser added to the loss."""
-    llds_lambda: float = Field(default=0.2, ge=0)
-    """LLDS weight lambda (0.3 for Qwen2.5-7B-Instruct in the paper)."""
-    llds_gate: Literal["action", "response", "token"] = "action"
-    """LLDS gate: action (default, best), response, or token (no gate)."""
-    llds_normalize: Literal["token", "paper"] = "token"
-    """token: sum / loss tokens of the micro-batch (authors' code); paper: per-response mean (Eq. 4)."""
-    answer_weight_mode: Literal["off", "fixed", "adaptive_code", "adaptive_paper"] = "off"
-    """MA answer-span weight: off, fixed, adaptive as in the code, adaptive as in the paper."""
-    answer_weight: float = Field(default=0.2, ge=0)
-    """w_ans of the MA rules (capped at lambda)."""
-
-    is_correction: Literal["off", "stale", "all"] = "stale"
-    """Which tokens the off-policy correction against the sampler's log-probs applies to: none, those
-    sampled by an older version than pi_old, or every token (also corrects engine/trainer numerics)."""
-    is_method: Literal["tis", "seq_tis", "mis", "seq_mis", "geo_reject"] = "tis"
-    """The correction (``llds_trainer.correction``) with ratio r = pi_old / sampler: ``tis`` token weights
-    min(r, is_cap); ``seq_tis`` one weight per trajectory min(prod r, is_cap); ``mis`` drops tokens with
-    r outside [is_low, is_high] (the rest weighted r); ``seq_mis`` the same with a trajectory's prod r;
-    ``geo_reject`` drops trajectories whose geometric-mean r is outside [is_low, is_high] (weight 1)."""
-    is_cap: float = Field(default=2.0, ge=1.0)
-    """Upper clamp of the truncated importance weights (``tis``, ``seq_tis``)."""
-    is_low: float = Field(default=0.5, gt=0)
-    """Lower bound of the kept ratios (``mis``, ``seq_mis``, ``geo_reject``); must be < 1."""
-    is_high: float = Field(default=2.0, gt=0)
-    """Upper bound of the kept ratios (``mis``, ``seq_mis``, ``geo_reject``); must be > 1 (geo_reject
-    wants a tight one, about 1.001)."""
+    regularizer: RegularizerConfig = LLDSConfig()
+    """Likelihood regulariser added to the loss: ``type = "llds"`` (default) or ``"none"`` (plain GRPO)."""
+    correction: CorrectionConfig = TruncatedISConfig()
+    """Off-policy correction against the sampler's log-probs (``llds_trainer.correction``), with
+    ratio r = pi_old / sampler: ``type = "tis"``/``"seq_tis"`` (truncated weights), ``"mis"``/``"seq_mis"``/
+    ``"geo_reject"`` (masking) or ``"none"``."""
     dynamic_sampling: bool = False
     """DAPO's dynamic sampling (arXiv 2503.14476): skip, acknowledge and count (``uniform``) groups whose
     rewards are all equal (zero advantage, no learning signal) and read on until the step is full."""
@@ -182,28 +333,8 @@ class TrainerConfig(ServiceSettings):
     """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
 
     # ---------------------------------------------------------------- monitoring
-    lld_probe: bool = True
-    """After each step's last update, one extra no-grad forward to measure intra-step displacement."""
-    lld_window: int = Field(default=10, ge=3)
-    """Steps in the slope window of the LLD monitor."""
-    lld_slope_threshold: float = Field(default=0.0, ge=0)
-    """Warning needs the correct-response log-likelihood slope (nats/token/step) below minus this."""
-    lld_fell_fraction: float = Field(default=0.5, ge=0, le=1)
-    """Warning needs the fraction of correct responses whose likelihood fell at or above this."""
-    lld_persist_steps: int = Field(default=3, ge=1)
-    """Consecutive steps the warning conditions must hold."""
-    lld_spike_factor: float = Field(default=3.0, gt=1)
-    """Alarm: entropy or gradient norm above this multiple of its window median."""
-    lld_alarm_action: Literal["none", "enable_llds", "raise_lambda"] = "none"
-    """What the alarm does when it enters ``lld_alarm_trigger``: nothing (monitor only), switch LLDS on
-    (``regularizer = "none"`` runs; lambda ``llds_lambda``), or multiply lambda by
-    ``lld_alarm_lambda_factor`` up to ``lld_alarm_lambda_max`` (``regularizer = "llds"`` runs)."""
-    lld_alarm_trigger: Literal["warning", "alarm"] = "warning"
-    """Alarm state whose entry makes ``lld_alarm_action`` act."""
-    lld_alarm_lambda_factor: float = Field(default=2.0, gt=1)
-    """raise_lambda: factor applied to lambda each time the trigger state is entered."""
-    lld_alarm_lambda_max: float = Field(default=1.0, gt=0)
-    """raise_lambda: cap of lambda."""
+    lld: LLDMonitorConfig = LLDMonitorConfig()
+    """The likelihood-displacement monitor, its alarm and what the alarm does."""
     trackers: list[Literal["tensorboard", "wandb"]] = Field(default_factory=list)
     """Extra step writers beside train_log.jsonl: TensorBoard (``run_dir/tensorboard``) and/or W&B."""
     wandb_project: str = "llds"
@@ -212,6 +343,15 @@ class TrainerConfig(ServiceSettings):
     """W&B mode; offline writes ``run_dir/wandb`` for a later ``wandb sync``."""
     history_limit: int = Field(default=2000, ge=1)
     """Step records kept in memory for ``GET /history`` (the full log stays in train_log.jsonl)."""
+
+    @model_validator(mode="before")
+    @classmethod
+    def _moved(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [f"{k} (now {MOVED[k]})" for k in data if k in MOVED]
+            if old:
+                raise ValueError(f"these trainer settings moved into sections: {', '.join(old)}")
+        return data
 
     @field_validator("run_id")
     @classmethod
@@ -225,27 +365,21 @@ class TrainerConfig(ServiceSettings):
                 f"consumed_window_steps ({self.consumed_window_steps}) must be >= checkpoint_every "
                 f"({self.checkpoint_every}): a redelivered entry can be that many steps old"
             )
-        if self.lld_alarm_action == "enable_llds" and self.regularizer == "llds":
+        alarm = self.lld.alarm.type
+        if alarm == "enable_llds" and self.regularizer.type != "none":
             raise ValueError(
-                "lld_alarm_action = 'enable_llds' needs regularizer = 'none' (LLDS is already on); "
+                "lld.alarm.type = 'enable_llds' needs regularizer.type = 'none' (LLDS is already on); "
                 "use 'raise_lambda' to strengthen it"
             )
-        if self.lld_alarm_action == "raise_lambda" and self.regularizer != "llds":
+        if alarm == "raise_lambda" and self.regularizer.type != "llds":
             raise ValueError(
-                "lld_alarm_action = 'raise_lambda' needs regularizer = 'llds' (there is no lambda to raise); "
-                "use 'enable_llds' to switch it on"
+                "lld.alarm.type = 'raise_lambda' needs regularizer.type = 'llds' (there is no lambda to "
+                "raise); use 'enable_llds' to switch it on"
             )
-        if self.lld_alarm_action != "none" and not self.lld_probe:
+        if alarm != "none" and not self.lld.probe:
             raise ValueError(
-                "an acting LLD alarm needs lld_probe = true (the alarm reads its displacement signal)"
+                "an acting LLD alarm needs lld.probe = true (the alarm reads its displacement signal)"
             )
-        if not self.is_low < 1 < self.is_high:
-            raise ValueError(
-                f"the off-policy masking bounds need is_low < 1 < is_high, got is_low={self.is_low}, "
-                f"is_high={self.is_high} (a ratio of 1, on-policy, must be kept)"
-            )
-        if self.clip_eps >= 1:
-            raise ValueError("clip_eps must be < 1")
         if self.dtype == "bfloat16" and self.device == "cpu":
             raise ValueError("dtype bfloat16 needs a GPU; use float32 on the CPU")
         if self.weight_sync == "nccl" and self.device == "cpu":

@@ -42,7 +42,7 @@ from llds_trainer.dist import DistContext
 from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
 from llds_trainer.loss import answer_weight, entropy_from_logits, token_logprobs
-from llds_trainer.objective import MicroInputs, MicroStats, Objective, configured_lambda
+from llds_trainer.objective import MicroInputs, MicroStats, Objective, active_llds, configured_lambda
 from llds_trainer.signals import lld_signals, mean
 
 log = logging.getLogger("llds.trainer")
@@ -128,9 +128,10 @@ class TrainState:
 
 def lr_at(cfg: TrainerConfig, step: int) -> float:
     """Learning rate of 0-based RL step ``step``: linear warm-up, then constant."""
-    if cfg.warmup_steps <= 0:
-        return cfg.lr
-    return cfg.lr * min(1.0, (step + 1) / cfg.warmup_steps)
+    opt = cfg.optimizer
+    if opt.warmup_steps <= 0:
+        return opt.lr
+    return opt.lr * min(1.0, (step + 1) / opt.warmup_steps)
 
 
 class Trainer:
@@ -164,31 +165,16 @@ class Trainer:
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(
             self.params,
-            lr=cfg.lr,
-            betas=tuple(cfg.adam_betas),  # type: ignore[arg-type]
-            eps=cfg.adam_eps,
-            weight_decay=cfg.weight_decay,
+            lr=cfg.optimizer.lr,
+            betas=cfg.optimizer.betas,
+            eps=cfg.optimizer.eps,
+            weight_decay=cfg.optimizer.weight_decay,
         )
         self.state = TrainState(window=cfg.consumed_window_steps)
-        self.monitor = LLDMonitor(
-            window=cfg.lld_window,
-            slope_threshold=cfg.lld_slope_threshold,
-            fell_fraction=cfg.lld_fell_fraction,
-            persist=cfg.lld_persist_steps,
-            spike_factor=cfg.lld_spike_factor,
-        )
-        self.alarm_action = AlarmAction(
-            action=cfg.lld_alarm_action,
-            trigger=cfg.lld_alarm_trigger,
-            on_lambda=cfg.llds_lambda,
-            factor=cfg.lld_alarm_lambda_factor,
-            lambda_max=cfg.lld_alarm_lambda_max,
-            lam=configured_lambda(cfg),
-        )
+        self.monitor = LLDMonitor.from_config(cfg.lld)
+        self.alarm_action = AlarmAction.from_config(cfg.lld.alarm, configured_lambda(cfg))
         self.objective = Objective.from_config(cfg, self.alarm_action.lam)
-        self.correction = build_correction(
-            cfg.is_correction, cfg.is_method, cap=cfg.is_cap, low=cfg.is_low, high=cfg.is_high
-        )
+        self.correction = build_correction(cfg.correction)
 
     # ------------------------------------------------------------------ forward passes
     def _logp(
@@ -275,7 +261,7 @@ class Trainer:
         if self.correction is None:
             return None, {**rec, K.IS_WEIGHT_MEAN: None, K.IS_TRUNCATED_FRAC: None,
                           K.IS_MASKED_TOKEN_FRAC: None, K.IS_DROPPED_SEQ_FRAC: None}  # fmt: skip
-        apply = apply_mask(self.cfg.is_correction, loss, full.versions, self.state.version)
+        apply = apply_mask(self.cfg.correction.tokens, loss, full.versions, self.state.version)  # type: ignore[union-attr]
         out = self.correction.weights(logp_old, full.logp_sampler, apply, full.loss_mask)
         st = out.stats
         rec[K.IS_WEIGHT_MEAN] = st.weight_sum / st.kept_corrected if st.kept_corrected else None
@@ -335,7 +321,7 @@ class Trainer:
                     total.add(stats)
                     ratio_max = max(ratio_max, r_max)
                 self.dist.all_reduce_grads(self.params)
-                norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.grad_clip))
+                norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.optimizer.grad_clip))
                 if math.isfinite(norm):
                     self.optimizer.step()
                 else:
@@ -372,16 +358,19 @@ class Trainer:
         t_old = time.perf_counter()
         v_s = sum(s.num_valid_searches for s in samples) / len(samples)
         lam = self.alarm_action.lam
-        ans_w = answer_weight(
-            cfg.answer_weight_mode, cfg.llds_lambda if lam is None else lam, cfg.answer_weight, v_s
-        )
+        llds = active_llds(cfg)
+        ans_w = None
+        if llds is not None:
+            ans_w = answer_weight(
+                llds.answer_weight_mode, llds.coef if lam is None else lam, llds.answer_weight, v_s
+            )
 
         corr, corr_rec = self._correct(samples, old)
         sums, ratio_max, grad_norms, nonfinite = self._update(samples, old, ref, corr, ans_w, step)
         t_train = time.perf_counter()
         n_micro = max(sums["micro"], 1)
 
-        after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld_probe else None
+        after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld.probe else None
         self.state.step += 1
         rec: dict[str, Any] = {
             K.STEP: self.state.step,
@@ -406,7 +395,9 @@ class Trainer:
             K.ACTOR_GRAD_NORM: mean(grad_norms),
             K.ACTOR_GRAD_NORM_MAX: max(grad_norms) if grad_norms else None,
             K.ACTOR_CLIP_FRAC: sums["clip"] / n_micro,
-            K.ACTOR_DUAL_CLIP_FRAC: sums["dual_clip"] / n_micro if cfg.dual_clip_c is not None else None,
+            K.ACTOR_DUAL_CLIP_FRAC: sums["dual_clip"] / n_micro
+            if getattr(cfg.policy_loss, "dual_clip_c", None) is not None
+            else None,
             K.ACTOR_RATIO_MAX: ratio_max,
             **corr_rec,
             K.ROLLOUT_VALID_SEARCHES_MEAN: v_s,
@@ -435,7 +426,7 @@ class Trainer:
             self.objective = Objective.from_config(cfg, self.alarm_action.lam)
             log.warning(
                 "LLD alarm %s at step %d: %s, LLDS lambda now %s (from the next step)",
-                self.monitor.state, self.state.step, cfg.lld_alarm_action, self.alarm_action.lam,
+                self.monitor.state, self.state.step, cfg.lld.alarm.type, self.alarm_action.lam,
             )  # fmt: skip
         rec[K.PERF_STEP_S] = time.perf_counter() - t0
         return rec

@@ -4,7 +4,7 @@ A trajectory is sampled by the rollout (``logp_sampler``, per token, and the pol
 sampled each token), the trainer recomputes pi_old (``logp_old``); the two differ when the token was
 sampled by an older version, and by a little on every token from engine-vs-trainer numerics. Each
 correction reads the per-token ratio ``r_t = exp(logp_old_t - logp_sampler_t)`` of the tokens it is
-applied to (``TrainerConfig.is_correction``: the stale ones, or all, see :func:`apply_mask`) and
+applied to (``[correction] tokens``: the stale ones, or all, see :func:`apply_mask`) and
 returns per-token weights for the policy loss and a keep mask:
 
 - ``tis`` (:class:`TokenTIS`, the default): ``w_t = min(r_t, c)``, nothing dropped;
@@ -32,7 +32,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch import Tensor
@@ -40,7 +40,6 @@ from torch import Tensor
 from llds_proto import steplog as K
 from llds_trainer.loss import truncated_is_weights
 
-Method = Literal["tis", "seq_tis", "mis", "seq_mis", "geo_reject"]
 Scope = Literal["off", "stale", "all"]
 
 
@@ -96,7 +95,7 @@ class Correction(Protocol):
 
 
 def apply_mask(scope: Scope, loss_mask: Tensor, versions: Tensor, version: int) -> Tensor:
-    """``[B, T]`` bool: the loss tokens a correction applies to under ``is_correction = scope``.
+    """``[B, T]`` bool: the loss tokens a correction applies to under ``[correction] tokens = scope``.
 
     ``stale``: sampled by a version older than the trainer's ``version``; ``all``: every loss token;
     ``off``: none.
@@ -108,7 +107,7 @@ def apply_mask(scope: Scope, loss_mask: Tensor, versions: Tensor, version: int) 
         return m & (versions < version)
     if scope == "off":
         return torch.zeros_like(m)
-    raise ValueError(f"unknown is_correction {scope!r}")
+    raise ValueError(f"unknown correction scope {scope!r}")
 
 
 def _log_ratio(logp_old: Tensor, logp_sampler: Tensor, apply: Tensor) -> Tensor:
@@ -242,26 +241,23 @@ class GeometricRejection(_RowRejection):
         return g, torch.ones_like(g)
 
 
-METHODS: Mapping[str, Callable[[float, float, float], Correction]] = {
-    "tis": lambda cap, low, high: TokenTIS(cap),
-    "seq_tis": lambda cap, low, high: SequenceTIS(cap),
-    "mis": lambda cap, low, high: TokenMIS(low, high),
-    "seq_mis": lambda cap, low, high: SequenceMIS(low, high),
-    "geo_reject": lambda cap, low, high: GeometricRejection(low, high),
+METHODS: Mapping[str, Callable[[Any], Correction]] = {
+    "tis": lambda c: TokenTIS(c.cap),
+    "seq_tis": lambda c: SequenceTIS(c.cap),
+    "mis": lambda c: TokenMIS(c.low, c.high),
+    "seq_mis": lambda c: SequenceMIS(c.low, c.high),
+    "geo_reject": lambda c: GeometricRejection(c.low, c.high),
 }
-"""``TrainerConfig.is_method`` -> builder(cap, low, high) of its correction."""
+"""``[correction] type`` -> builder(section) of its correction."""
 
 
-def build_correction(
-    scope: Scope, method: Method, *, cap: float, low: float, high: float
-) -> Correction | None:
-    """The correction of ``TrainerConfig`` (``is_correction``, ``is_method``, ``is_cap``, ``is_low``,
-    ``is_high``); ``None`` when ``is_correction`` is ``off``."""
-    if scope == "off":
+def build_correction(section: Any) -> Correction | None:
+    """The correction of a ``[correction]`` section (``llds_trainer.config``); ``None`` for ``type = "none"``."""
+    if section.type == "none":
         return None
-    if method not in METHODS:
-        raise ValueError(f"unknown is_method {method!r}")
-    return METHODS[method](cap, low, high)
+    if section.type not in METHODS:
+        raise ValueError(f"unknown correction type {section.type!r}")
+    return METHODS[section.type](section)
 
 
 RATIO_QUANTILES = (0.01, 0.5, 0.99)

@@ -57,6 +57,13 @@ class LLDMonitor:
     streak: int = 0
     state: AlarmState = "ok"
 
+    @classmethod
+    def from_config(cls, section: Any) -> LLDMonitor:
+        """The monitor of an ``[lld]`` section (``llds_trainer.config``)."""
+        return cls(window=section.window, slope_threshold=section.slope_threshold,
+                   fell_fraction=section.fell_fraction, persist=section.persist_steps,
+                   spike_factor=section.spike_factor)  # fmt: skip
+
     def update(
         self,
         correct_logp: float | None,
@@ -162,6 +169,18 @@ class AlarmAction:
         self.lam = new
         self.fired_steps.append(step)
         return True
+
+    @classmethod
+    def from_config(cls, section: Any, lam: float | None) -> AlarmAction:
+        """The action of a ``[lld.alarm]`` section (``llds_trainer.config``), starting at lambda ``lam``."""
+        kw: dict[str, Any] = {"action": section.type, "lam": lam}
+        if section.type != "none":
+            kw["trigger"] = section.trigger
+        if section.type == "enable_llds":
+            kw["on_lambda"] = section.llds.coef
+        if section.type == "raise_lambda":
+            kw |= {"factor": section.factor, "lambda_max": section.max}
+        return cls(**kw)
 
     def state_dict(self) -> dict[str, Any]:
         return {"lam": self.lam, "fired_steps": list(self.fired_steps)}

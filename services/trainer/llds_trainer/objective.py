@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from llds_trainer.config import TrainerConfig
+from llds_trainer.config import GSPOConfig, LLDSConfig, PPOConfig, TrainerConfig
 from llds_trainer.loss import (
     LLDSDetails,
     PolicyLossStats,
@@ -44,8 +44,8 @@ class PPOClip:
     agg: Any
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig) -> PPOClip:
-        return cls(cfg.clip_eps, cfg.clip_eps_high, cfg.dual_clip_c, cfg.loss_agg)
+    def from_config(cls, c: PPOConfig, agg: Any) -> PPOClip:
+        return cls(c.clip_eps, c.clip_eps_high, c.dual_clip_c, agg)
 
     def __call__(
         self, logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, is_weights: Tensor | None
@@ -63,8 +63,8 @@ class GSPO:
     clip_eps_high: float
 
     @classmethod
-    def from_config(cls, cfg: TrainerConfig) -> GSPO:
-        return cls(cfg.gspo_clip_eps, cfg.gspo_clip_eps_high)
+    def from_config(cls, c: GSPOConfig, agg: Any) -> GSPO:
+        return cls(c.clip_eps, c.clip_eps_high)
 
     def __call__(
         self, logp_new: Tensor, logp_old: Tensor, advantages: Tensor, mask: Tensor, is_weights: Tensor | None
@@ -73,11 +73,11 @@ class GSPO:
                          clip_eps_high=self.clip_eps_high, is_weights=is_weights)  # fmt: skip
 
 
-POLICY_LOSSES: dict[str, Callable[[TrainerConfig], PolicyLoss]] = {
+POLICY_LOSSES: dict[str, Callable[[Any, Any], PolicyLoss]] = {
     "ppo": PPOClip.from_config,
     "gspo": GSPO.from_config,
 }
-"""``TrainerConfig.policy_loss`` -> the loss object's builder."""
+"""``[policy_loss] type`` -> the loss object's builder(section, loss_agg)."""
 
 
 @dataclass(frozen=True)
@@ -96,7 +96,7 @@ class MicroInputs:
 
 
 class Regularizer(Protocol):
-    """A likelihood regulariser added to the policy loss (chosen by ``TrainerConfig.regularizer``): it
+    """A likelihood regulariser added to the policy loss (chosen by ``[regularizer] type``): it
     gets the micro-batch's full loss mask and the correction's keep mask in ``x``."""
 
     def __call__(self, x: MicroInputs, answer_weight: float | None) -> LLDSDetails | None: ...
@@ -119,24 +119,33 @@ class LLDSRegularizer:
                             keep_mask=x.keep_mask)  # fmt: skip
 
 
-REGULARIZERS: dict[str, Callable[[TrainerConfig, float], Regularizer]] = {
-    "llds": lambda cfg, lam: LLDSRegularizer(lam=lam, gate=cfg.llds_gate, normalize=cfg.llds_normalize),
+REGULARIZERS: dict[str, Callable[[Any, float], Regularizer]] = {
+    "llds": lambda c, lam: LLDSRegularizer(lam=lam, gate=c.gate, normalize=c.normalize),
 }
-"""Regularisers with a weight: ``TrainerConfig.regularizer`` -> builder(config, lambda)."""
+"""Regularisers with a weight: ``[regularizer] type`` -> builder(section, lambda)."""
+
+
+def active_llds(cfg: TrainerConfig) -> LLDSConfig | None:
+    """The LLDS section a run uses: ``[regularizer]``, or for a run without one whose alarm switches
+    LLDS on, ``[lld.alarm.llds]``; ``None`` when the run never regularises."""
+    if isinstance(cfg.regularizer, LLDSConfig):
+        return cfg.regularizer
+    alarm = cfg.lld.alarm
+    return alarm.llds if alarm.type == "enable_llds" else None  # type: ignore[union-attr]
 
 
 def configured_lambda(cfg: TrainerConfig) -> float | None:
-    """The regulariser weight a run starts with: ``llds_lambda``, or ``None`` without a regulariser."""
-    return None if cfg.regularizer == "none" else cfg.llds_lambda
+    """The regulariser weight a run starts with: ``[regularizer] coef``, or ``None`` without one."""
+    return cfg.regularizer.coef if isinstance(cfg.regularizer, LLDSConfig) else None
 
 
 def build_regularizer(cfg: TrainerConfig, lam: float | None) -> Regularizer:
-    """The configured regulariser with weight ``lam`` (the configured one, or what an acting alarm set);
-    none when ``lam`` is ``None`` (``regularizer = "none"`` and no alarm has switched one on)."""
-    if lam is None:
+    """The run's regulariser (:func:`active_llds`) with weight ``lam`` (the configured one, or what an
+    acting alarm set); none when ``lam`` is ``None`` (no regulariser, or the alarm has not acted)."""
+    section = active_llds(cfg)
+    if lam is None or section is None:
         return NoRegularizer()
-    # An alarm switches LLDS on in a run configured without a regulariser.
-    return REGULARIZERS["llds" if cfg.regularizer == "none" else cfg.regularizer](cfg, lam)
+    return REGULARIZERS[section.type](section, lam)
 
 
 @dataclass
@@ -180,8 +189,10 @@ class Objective:
 
     @classmethod
     def from_config(cls, cfg: TrainerConfig, lam: float | None) -> Objective:
-        return cls(POLICY_LOSSES[cfg.policy_loss](cfg), build_regularizer(cfg, lam), cfg.loss_agg, cfg.kl_coef,
-                   cfg.kl_clamp, cfg.entropy_coef)  # fmt: skip
+        loss = POLICY_LOSSES[cfg.policy_loss.type](cfg.policy_loss, cfg.loss_agg)
+        return cls(
+            loss, build_regularizer(cfg, lam), cfg.loss_agg, cfg.kl_coef, cfg.kl_clamp, cfg.entropy_coef
+        )
 
     def __call__(self, x: MicroInputs, answer_weight: float | None) -> tuple[Tensor, MicroStats, float]:
         """The micro-batch's loss (to scale and back-propagate), its stats and its largest ratio.

@@ -60,7 +60,7 @@ def test_dashboard_follows_a_real_trainer_and_report_plots_its_log(
     cmd = [sys.executable, "-m", "llds_trainer", "--model", str(tiny_model_dir), "--redis-url", redis_url,
            "--run-dir", str(tmp_path / "run"), "--weights-root", str(tmp_path / "weights"),
            "--steps", str(STEPS), "--port", str(port), "--set", f"groups_per_step={GROUPS_PER_STEP}",
-           "--set", "micro_batch_size=3", "--set", "lr=1e-3", "--set", "read_block_ms=200",
+           "--set", "micro_batch_size=3", "--set", "optimizer.lr=1e-3", "--set", "read_block_ms=200",
            "--set", "num_threads=1"]  # fmt: skip
     log = (tmp_path / "trainer.log").open("ab")
     trainer = subprocess.Popen(

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 
 from llds import experiment
+from llds_trainer.config import TrainerConfig
 
 
 def _log(rewards: list[float], logps: list[float], alarm_at: int | None = None) -> list[dict[str, Any]]:
@@ -109,12 +110,13 @@ def test_finished_runs_are_skipped_and_unfinished_ones_need_resume(
     args = argparse.Namespace(out=tmp_path, preset="cpu", trainer_config=None, model=None, steps=30, eval_limit=0,
                               resume=False)  # fmt: skip
     r = experiment.run_one("grpo_alarm", 1, args)
-    assert r["steps"] == 30 and r["overrides"]["lld_alarm_action"] == "enable_llds"
-    cfg = (tmp_path / "runs" / "grpo_alarm-s1" / "trainer_variant.toml").read_text()
-    assert 'lld_alarm_action = "enable_llds"' in cfg and "seed = 1" in cfg
+    assert r["steps"] == 30 and r["overrides"]["lld"]["alarm"]["type"] == "enable_llds"
+    cfg = tomllib.loads((tmp_path / "runs" / "grpo_alarm-s1" / "trainer_variant.toml").read_text())
+    assert cfg["lld"]["alarm"]["type"] == "enable_llds" and cfg["seed"] == 1
+    assert cfg["regularizer"] == {"type": "none"}  # the preset's LLDS table replaced, not merged into
     # the seed also picks the rollout's question order and sampling seed
     rollout = tomllib.loads((tmp_path / "runs" / "grpo_alarm-s1" / "rollout_variant.toml").read_text())
-    assert (rollout["seed"], rollout["engine"]["seed"], rollout["engine"]["type"]) == (1, 1, "vllm")
+    assert (rollout["seed"], rollout["engine"]["seed"], rollout["engine"]["max_batch_size"]) == (1, 1, 16)
     assert (tmp_path / "logs" / "grpo_alarm-s1.jsonl").is_file()
     assert experiment.run_one("grpo_alarm", 1, args) == r and len(calls) == 1  # finished: skipped
     # an interrupted run (llds up wrote its config, no result yet)
@@ -193,8 +195,8 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
     grid = tmp_path / "grid.toml"
     grid.write_text(
         'preset = "cpu"\narm = "grpo"\n'
-        '[[setting]]\nname = "slow"\ntrainer = { lr = 5e-5 }\n'
-        '[[setting]]\nname = "fast"\ntrainer = { lr = 2e-4 }\n'
+        '[[setting]]\nname = "slow"\ntrainer = { optimizer = { lr = 5e-5 } }\n'
+        '[[setting]]\nname = "fast"\ntrainer = { optimizer = { lr = 2e-4 } }\n'
         "rollout = { max_tokens_per_turn = 48, engine = { max_batch_size = 8 } }\n"
     )
     out = tmp_path / "search"
@@ -205,9 +207,13 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
         **rollout["engine"],
         "max_batch_size": 8,
     }
-    assert rollout["engine"]["type"] == "vllm"  # the preset's engine table merged, not replaced
+    assert rollout["engine"]["vllm_max_model_len"] == 2048  # the preset's engine table merged, not replaced
     trainer = tomllib.loads((fast / "trainer_variant.toml").read_text())
-    assert (trainer["lr"], trainer["regularizer"], trainer["seed"]) == (2e-4, "none", 0)
+    assert (trainer["optimizer"], trainer["regularizer"], trainer["seed"]) == (
+        {"lr": 2e-4, "warmup_steps": 5},  # the preset's warm-up kept: [optimizer] merged key by key
+        {"type": "none"},
+        0,
+    )
     slow = tomllib.loads((out / "runs" / "slow-s0" / "rollout_variant.toml").read_text())
     assert (slow["seed"], slow["engine"]["seed"], slow["max_tokens_per_turn"]) == (0, 0, 96)  # the preset's
     md = (out / "SEARCH.md").read_text()
@@ -217,7 +223,7 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
         if line.startswith("| slow") or line.startswith("| fast")
     }
     assert "| yes |" in rows["fast"] and "max_tokens_per_turn=48" in rows["fast"]
-    assert "| - |" in rows["slow"] and "lr=5e-05" in rows["slow"]
+    assert "| - |" in rows["slow"] and "optimizer.lr=5e-05" in rows["slow"]
     assert experiment.search_main(["--grid", str(grid), "--out", str(out), "--report-only"]) == 0
     for argv in (["--only", "nope"], ["--grid", str(tmp_path / "missing.toml")]):
         with pytest.raises(SystemExit) as e:
@@ -245,10 +251,11 @@ def test_the_cpu_collapse_preset_is_the_cpu_preset_with_the_searched_configs(
     rollout = tomllib.loads(Path(cmd[cmd.index("--rollout-config") + 1]).read_text())
     trainer = tomllib.loads(Path(cmd[cmd.index("--trainer-config") + 1]).read_text())
     cpu = {k: experiment.preset_config("cpu", k) for k in ("trainer", "rollout")}
-    assert trainer["kl_coef"] == 0 and trainer["lr"] > cpu["trainer"]["lr"]
+    got, base = TrainerConfig(**trainer), TrainerConfig(**cpu["trainer"])
+    assert got.kl_coef == 0 and got.optimizer.lr > base.optimizer.lr and got.lld.persist_steps == 2
     assert (rollout["topk"], rollout["max_tokens_per_turn"]) == (2, 64)
     # everything the overlay does not name comes from the CPU preset, [engine] included
-    assert trainer["groups_per_step"] == cpu["trainer"]["groups_per_step"]
+    assert trainer["micro_batch_size"] == cpu["trainer"]["micro_batch_size"] == 2
     assert rollout["engine"] == cpu["rollout"]["engine"] | {"seed": 0}
     assert rollout["group_size"] == cpu["rollout"]["group_size"]
 

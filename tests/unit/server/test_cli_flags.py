@@ -67,7 +67,25 @@ class Command:
 
 
 COMMANDS = [
-    Command("trainer run", TrainerConfig, trainer_cli.build_parser, trainer_cli.load_config),
+    Command(
+        "trainer run",
+        TrainerConfig,
+        trainer_cli.build_parser,
+        trainer_cli.load_config,
+        # switching LLDS on by the alarm needs a run without it
+        needs={
+            f"lld.alarm.{k}": ["--regularizer.type", "none"]
+            for k in (
+                "trigger",
+                "llds.type",
+                "llds.coef",
+                "llds.gate",
+                "llds.normalize",
+                "llds.answer_weight_mode",
+                "llds.answer_weight",
+            )
+        },
+    ),
     Command(
         "rollout serve",
         RolloutSettings,
@@ -135,14 +153,49 @@ def _expressible(tp: Any) -> bool:
     return tp is bool or _scalar_ok(tp)
 
 
-def _fields(cls: type[BaseModel], prefix: str = "") -> Iterator[tuple[str, FieldInfo]]:
-    """Every leaf field of ``cls`` (nested models' fields dotted)."""
+VARIANT_NEEDS: dict[str, list[str]] = {}
+"""Dotted field of a ``type``-selected section's variant -> the flag choosing that variant."""
+
+
+def _variants(tp: Any) -> list[type[BaseModel]]:
+    """This test's own reading of a ``typed_union`` annotation: a union of models."""
+    if typing.get_origin(tp) not in (Union, types.UnionType):
+        return []
+    args = [typing.get_args(a)[0] if typing.get_origin(a) is Annotated else a for a in typing.get_args(tp)]
+    return list(args) if all(isinstance(a, type) and issubclass(a, BaseModel) for a in args) else []
+
+
+def _fields(
+    cls: type[BaseModel], prefix: str = "", needs: list[str] | None = None
+) -> Iterator[tuple[str, FieldInfo]]:
+    """Every leaf field of ``cls`` (nested models' fields dotted; every variant's fields of a section
+    whose ``type`` picks one, ``type`` itself as one choice among all the variants' values)."""
     for name, info in cls.model_fields.items():
+        dotted = f"{prefix}{name}"
+        variants = _variants(info.annotation)
+        if variants:
+            values = [v for c in variants for v in typing.get_args(c.model_fields["type"].annotation)]
+            yield f"{dotted}.type", FieldInfo(annotation=Literal[tuple(values)], default=values[0],
+                                              description=variants[0].model_fields["type"].description)  # fmt: skip
+            seen: set[str] = set()
+            for c in variants:
+                pick = [
+                    "--" + f"{dotted}.type".replace("_", "-"),
+                    typing.get_args(c.model_fields["type"].annotation)[0],
+                ]
+                for sub, sub_info in _fields(c, f"{dotted}.", [*(needs or []), *pick]):
+                    if sub != f"{dotted}.type" and sub not in seen:
+                        seen.add(sub)
+                        yield sub, sub_info
+            VARIANT_NEEDS.pop(f"{dotted}.type", None)  # the choice itself needs no other choice
+            continue
+        if needs:
+            VARIANT_NEEDS.setdefault(dotted, needs)
         tp = _inner(info.annotation)
         if isinstance(tp, type) and issubclass(tp, BaseModel):
-            yield from _fields(tp, f"{prefix}{name}.")
+            yield from _fields(tp, f"{dotted}.", needs)
         else:
-            yield f"{prefix}{name}", info
+            yield dotted, info
 
 
 def _option(dotted: str) -> str:
@@ -173,7 +226,7 @@ def _candidates(info: FieldInfo) -> list[Any]:
     check = TypeAdapter(Annotated[info.annotation, *info.metadata] if info.metadata else info.annotation)
     out = []
     for v in raw:
-        if v == default:
+        if v == default and len(raw) > 1:  # a one-value choice (``type = "adamw"``) can only be given as is
             continue
         try:
             check.validate_python(v)
@@ -285,7 +338,8 @@ def _unresolved(cmd: Command, given: Callable[[str, Any], list[str]]) -> list[st
     for dotted, info in _flag_fields(cmd):
         for value in _candidates(info):
             try:
-                got = cmd.resolve([*cmd.needs.get(dotted, []), *given(dotted, value)])
+                got = cmd.resolve([*cmd.needs.get(dotted, []), *VARIANT_NEEDS.get(dotted, []),
+                                   *given(dotted, value)])  # fmt: skip
             except (ValidationError, ValueError):
                 continue
             assert _get(got, dotted) == value, (dotted, value, _get(got, dotted))
@@ -333,7 +387,7 @@ def test_bool_flags_both_ways(cmd: Command, tmp_path: Path) -> None:
     toml = tmp_path / "c.toml"
     for dotted in bools:
         for value in (True, False):
-            needs = [*cmd.base, *cmd.needs.get(dotted, [])]
+            needs = [*cmd.base, *cmd.needs.get(dotted, []), *VARIANT_NEEDS.get(dotted, [])]
             if dotted == "train" and not value:
                 needs = []  # --no-train needs no dataset
             got = cmd.resolve([*needs, *_argv(dotted, value)])
@@ -374,8 +428,8 @@ def test_set_reaches_any_field(cmd: Command) -> None:
 
 
 def test_set_reaches_fields_without_a_flag_and_nested_ones(capsys: pytest.CaptureFixture[str]) -> None:
-    cfg = trainer_cli.load_config(["--set", "adam_betas=[0.5, 0.6]", "--set", 'trackers=["wandb"]'])
-    assert cfg.adam_betas == (0.5, 0.6) and cfg.trackers == ["wandb"]
+    cfg = trainer_cli.load_config(["--set", "optimizer.betas=[0.5, 0.6]", "--set", 'trackers=["wandb"]'])
+    assert cfg.optimizer.betas == (0.5, 0.6) and cfg.trackers == ["wandb"]
     s = _rollout(["--dataset", "d.jsonl", "--set", "engine.max_batch_size=3", "--set", "admin_token=tok"])
     assert s.engine.max_batch_size == 3 and s.admin_token == "tok"
     assert _rollout(["--no-train", "--set", "engine.type=transformers"]).engine.type == "transformers"
@@ -503,3 +557,57 @@ def test_experiment_up_commands_parse(tmp_path: Path) -> None:
 def test_add_settings_flags_refuses_an_alias_of_no_flag() -> None:
     with pytest.raises(ValueError, match="admin_token"):
         add_settings_flags(argparse.ArgumentParser(), RolloutSettings, aliases={"admin_token": ["--token"]})
+
+
+def test_a_type_selected_section_from_flags_toml_and_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``[regularizer]``, ``[policy_loss]``, ``[correction]``, ``[lld.alarm]``: ``type`` picks the variant
+    from any source, the others fill in its fields, and a field of another variant is refused by name."""
+    toml = tmp_path / "t.toml"
+    toml.write_text('[policy_loss]\ntype = "gspo"\n[correction]\nlow = 0.7\n')
+    monkeypatch.setenv("LLDS_TRAINER_CORRECTION__TYPE", "seq_mis")
+    monkeypatch.setenv("LLDS_TRAINER_REGULARIZER__COEF", "0.3")
+    cfg = trainer_cli.load_config(["--config", str(toml), "--policy-loss.clip-eps-high", "0.001",
+                                   "--regularizer.gate", "token"])  # fmt: skip
+    assert cfg.policy_loss.model_dump() == {"type": "gspo", "clip_eps": 3e-4, "clip_eps_high": 0.001}
+    assert (cfg.correction.type, cfg.correction.low, cfg.correction.high) == ("seq_mis", 0.7, 2.0)  # type: ignore[union-attr]
+    assert (cfg.regularizer.type, cfg.regularizer.coef, cfg.regularizer.gate) == ("llds", 0.3, "token")  # type: ignore[union-attr]
+    # no type given: the section's default variant
+    assert trainer_cli.load_config(["--policy-loss.clip-eps", "0.1"]).policy_loss.type == "ppo"
+    # a bare string is the type alone
+    monkeypatch.delenv("LLDS_TRAINER_REGULARIZER__COEF")
+    toml.write_text('regularizer = "none"\n')
+    assert trainer_cli.load_config(["--config", str(toml)]).regularizer.type == "none"
+    with pytest.raises(ValidationError, match=r"regularizer\.none\.coef\n.*Extra inputs"):
+        trainer_cli.load_config(["--regularizer.type", "none", "--regularizer.coef", "0.3"])
+    with pytest.raises(ValidationError, match="'clip' found using"):
+        trainer_cli.load_config(["--set", "policy_loss.type=clip"])
+    with pytest.raises(SystemExit):  # a bad choice is a usage error before validation
+        trainer_cli.build_parser().parse_args(["--lld.alarm.type", "shout"])
+    # a flat setting of earlier releases names where it lives now
+    toml.write_text("llds_lambda = 0.3\nlr = 1e-5\n")
+    with pytest.raises(
+        ValidationError, match=r"llds_lambda \(now regularizer.coef\), lr \(now optimizer.lr\)"
+    ):
+        trainer_cli.load_config(["--config", str(toml)])
+
+
+def test_merged_overlays_tables_at_every_depth_and_restarts_a_retyped_one() -> None:
+    from llds_server.settings import merged
+
+    base = {
+        "a": 1,
+        "engine": {"x": 1, "deep": {"p": 1, "q": 2}},
+        "regularizer": {"type": "llds", "coef": 0.3},
+    }
+    got = merged(base, {"engine": {"deep": {"q": 3}}, "regularizer": {"coef": 0.5}})
+    assert got == {
+        "a": 1,
+        "engine": {"x": 1, "deep": {"p": 1, "q": 3}},
+        "regularizer": {"type": "llds", "coef": 0.5},
+    }
+    assert merged(base, {"regularizer": {"type": "none"}})["regularizer"] == {"type": "none"}
+    assert merged(base, {"regularizer": {"type": "llds", "gate": "token"}})["regularizer"] == {
+        "type": "llds", "coef": 0.3, "gate": "token"}  # fmt: skip
+    assert base["engine"]["deep"] == {"p": 1, "q": 2}  # the input is not changed

@@ -57,9 +57,9 @@ def test_state_round_trips_and_old_checkpoints_keep_the_configured_start() -> No
 @pytest.mark.parametrize(
     ("kw", "needle"),
     [
-        ({"lld_alarm_action": "enable_llds", "regularizer": "llds"}, "needs regularizer = 'none'"),
-        ({"lld_alarm_action": "raise_lambda", "regularizer": "none"}, "needs regularizer = 'llds'"),
-        ({"lld_alarm_action": "enable_llds", "regularizer": "none", "lld_probe": False}, "lld_probe"),
+        ({"lld": {"alarm": "enable_llds"}, "regularizer": "llds"}, "needs regularizer.type = 'none'"),
+        ({"lld": {"alarm": "raise_lambda"}, "regularizer": "none"}, "needs regularizer.type = 'llds'"),
+        ({"lld": {"alarm": "enable_llds", "probe": False}, "regularizer": "none"}, "lld.probe"),
     ],
 )
 def test_config_refuses_an_action_that_cannot_act(kw: dict[str, Any], needle: str) -> None:
@@ -87,7 +87,8 @@ def test_the_trainer_switches_llds_on_at_the_step_the_alarm_enters_warning(
     tiny_model_dir: Path, tokenizer: Any, tmp_path: Path
 ) -> None:
     groups = synthetic_groups(tokenizer, 6, 3, seed=11, think_words=3, doc_words=6)
-    cfg = _cfg(tiny_model_dir, regularizer="none", lld_alarm_action="enable_llds", llds_lambda=0.25)
+    llds = {"coef": 0.25, "answer_weight_mode": "adaptive_code"}
+    cfg = _cfg(tiny_model_dir, regularizer="none", lld={"alarm": {"type": "enable_llds", "llds": llds}})
     tr = Trainer(cfg)
     tr.monitor = ScriptedMonitor({2: "warning", 3: "warning", 4: "alarm"})
     recs = [tr.train_step(groups[:2]), tr.train_step(groups[4:6])]

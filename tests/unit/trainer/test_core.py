@@ -8,6 +8,7 @@ from typing import Any
 import pytest
 import torch
 
+from llds_server.settings import merged
 from llds_trainer.config import TrainerConfig
 from llds_trainer.core import Trainer
 from llds_trainer.synthetic import synthetic_groups
@@ -19,10 +20,9 @@ def groups(tokenizer: Any) -> list[Any]:
 
 
 def _cfg(model: Path, **kw: Any) -> TrainerConfig:
-    base = dict(model=str(model), lr=1e-3, micro_batch_size=2, minibatches_per_step=2, num_threads=1,
-                answer_weight_mode="adaptive_code", seed=5)  # fmt: skip
-    base.update(kw)
-    return TrainerConfig(**base)
+    base = dict(model=str(model), optimizer={"lr": 1e-3}, micro_batch_size=2, minibatches_per_step=2, num_threads=1,
+                regularizer={"answer_weight_mode": "adaptive_code"}, seed=5)  # fmt: skip
+    return TrainerConfig(**merged(base, kw))
 
 
 def test_pinned_losses_of_a_deterministic_step(tiny_model_dir: Path, groups: list[Any]) -> None:
@@ -64,7 +64,7 @@ def test_resume_gives_the_same_next_step(tiny_model_dir: Path, groups: list[Any]
 def test_checkpoints_keep_the_newest_n(tiny_model_dir: Path, groups: list[Any], tmp_path: Path) -> None:
     from llds_trainer.checkpoint import list_checkpoints
 
-    tr = Trainer(_cfg(tiny_model_dir, keep_checkpoints=2, lld_probe=False))
+    tr = Trainer(_cfg(tiny_model_dir, keep_checkpoints=2, lld={"probe": False}))
     for s in range(3):
         tr.state.step = s + 1
         tr.save_checkpoint(tmp_path)
@@ -74,25 +74,32 @@ def test_checkpoints_keep_the_newest_n(tiny_model_dir: Path, groups: list[Any], 
 
 def test_stale_tokens_get_truncated_is_weights(tiny_model_dir: Path, tokenizer: Any) -> None:
     old = synthetic_groups(tokenizer, 2, 2, seed=2, version=1, think_words=2, doc_words=4)
-    tr = Trainer(_cfg(tiny_model_dir, is_correction="stale", is_cap=2.0, lld_probe=False))
+    tr = Trainer(_cfg(tiny_model_dir, correction={"tokens": "stale", "cap": 2.0}, lld={"probe": False}))
     tr.state.version = 2
     rec = tr.train_step(old)
     # Random sampler log-probs (about -1.5) vs a random policy's (about -10.8): weights far below the cap.
     assert rec["data/stale_tokens"] == rec["data/loss_tokens"]
     assert 0 < rec["is/weight_mean"] < 1 and rec["is/truncated_frac"] == 0.0
     assert rec["mismatch/kl"] > 1.0
-    fresh = Trainer(_cfg(tiny_model_dir, is_correction="stale", lld_probe=False)).train_step(old)
+    fresh = Trainer(_cfg(tiny_model_dir, lld={"probe": False})).train_step(old)
     assert fresh["is/weight_mean"] is None  # version 1 is not older than a trainer at version 0
 
 
 def test_kl_entropy_gspo_and_seq_mean_variants_run(tiny_model_dir: Path, groups: list[Any]) -> None:
-    tr = Trainer(_cfg(tiny_model_dir, kl_coef=0.001, entropy_coef=0.001, policy_loss="gspo", lld_probe=False,
-                      llds_gate="response", llds_normalize="paper", answer_weight_mode="adaptive_paper"))  # fmt: skip
+    tr = Trainer(_cfg(tiny_model_dir, kl_coef=0.001, entropy_coef=0.001, policy_loss="gspo", lld={"probe": False},
+                      regularizer={"gate": "response", "normalize": "paper", "answer_weight_mode": "adaptive_paper"}))  # fmt: skip
     assert tr.ref_model is not None
     r = tr.train_step(groups[:2])
     r = tr.train_step(groups[2:])
     assert r["loss/kl"] is not None and r["loss/kl"] >= 0
-    t2 = Trainer(_cfg(tiny_model_dir, loss_agg="seq_mean_token_mean", warmup_steps=4, lld_probe=False))
+    t2 = Trainer(
+        _cfg(
+            tiny_model_dir,
+            loss_agg="seq_mean_token_mean",
+            optimizer={"warmup_steps": 4},
+            lld={"probe": False},
+        )
+    )
     r2 = t2.train_step(groups[:2])
     assert r2["actor/lr"] == pytest.approx(1e-3 / 4)
     assert all(isinstance(v, (int, float)) or v is None for v in r2.values())
@@ -128,8 +135,10 @@ def test_overlong_filter_masks_truncated_responses_but_keeps_them_in_the_baselin
 
 
 def test_dual_clip_is_logged_only_when_on(tiny_model_dir: Path, groups: list[Any]) -> None:
-    on = Trainer(_cfg(tiny_model_dir, dual_clip_c=3.0, lr=5e-2)).train_step(groups[:2])
+    on = Trainer(_cfg(tiny_model_dir, policy_loss={"dual_clip_c": 3.0}, optimizer={"lr": 5e-2})).train_step(
+        groups[:2]
+    )
     assert 0.0 <= on["actor/dual_clip_frac"] <= 1.0
     assert Trainer(_cfg(tiny_model_dir)).train_step(groups[:2])["actor/dual_clip_frac"] is None
     with pytest.raises(ValueError, match="dual_clip_c"):
-        _cfg(tiny_model_dir, dual_clip_c=0.5)
+        _cfg(tiny_model_dir, policy_loss={"dual_clip_c": 0.5})

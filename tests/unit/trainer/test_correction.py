@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 import random
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
 import torch
 from pydantic import ValidationError
+from test_core import _cfg
 
 from llds_proto import steplog as K
 from llds_trainer.batch import samples_from_groups
@@ -129,27 +131,32 @@ def test_an_overflowing_ratio_is_dropped_or_capped_not_nan() -> None:
     assert SequenceMIS(0.5, 2.0).weights(old, sampler, loss.bool(), loss).stats.dropped_sequences == 1
 
 
+def _built(correction: Any) -> Any:
+    return build_correction(TrainerConfig(correction=correction).correction)
+
+
 def test_builder_and_validation() -> None:
-    kw: dict[str, float] = {"cap": 2.0, "low": 0.5, "high": 2.0}
-    assert build_correction("off", "mis", **kw) is None
-    assert build_correction("stale", "tis", **kw) == TokenTIS(2.0)
-    assert build_correction("all", "seq_tis", **kw) == SequenceTIS(2.0)
-    assert build_correction("all", "mis", **kw) == TokenMIS(0.5, 2.0)
-    assert build_correction("all", "seq_mis", **kw) == SequenceMIS(0.5, 2.0)
-    assert build_correction("all", "geo_reject", **{**kw, "high": 1.001}) == GeometricRejection(0.5, 1.001)
-    with pytest.raises(ValueError, match="is_method"):
-        build_correction("all", "nope", **kw)  # type: ignore[arg-type]
+    assert _built("none") is None
+    assert _built({"type": "tis", "cap": 2.0}) == TokenTIS(2.0)
+    assert _built({"type": "seq_tis", "tokens": "all", "cap": 3.0}) == SequenceTIS(3.0)
+    assert _built({"type": "mis", "low": 0.5, "high": 2.0}) == TokenMIS(0.5, 2.0)
+    assert _built({"type": "seq_mis", "low": 0.4}) == SequenceMIS(0.4, 2.0)
+    assert _built({"type": "geo_reject", "low": 0.999, "high": 1.001}) == GeometricRejection(0.999, 1.001)
+    with pytest.raises(ValueError, match="unknown correction type 'nope'"):
+        build_correction(SimpleNamespace(type="nope"))
     for low, high in [(1.0, 2.0), (0.5, 1.0), (0.0, 2.0), (1.5, 2.0)]:
         with pytest.raises(ValueError, match="low < 1 < high"):
             TokenMIS(low, high)
     cfg = TrainerConfig()
-    assert (cfg.is_correction, cfg.is_method, cfg.is_cap) == ("stale", "tis", 2.0)  # today's default
-    assert TrainerConfig(is_method="geo_reject", is_low=0.999, is_high=1.001).is_high == 1.001
-    for bad in [{"is_low": 1.0}, {"is_high": 0.9}, {"is_low": 1.2, "is_high": 1.5}, {"is_low": 0.0}]:
-        with pytest.raises(ValidationError, match=r"is_low|greater than 0"):
-            TrainerConfig(**bad)
-    with pytest.raises(ValidationError):
-        TrainerConfig(is_method="token")
+    assert cfg.correction.model_dump() == {"type": "tis", "tokens": "stale", "cap": 2.0}  # today's default
+    for bad in [{"type": "mis", "low": 1.0}, {"type": "mis", "high": 0.9}, {"type": "seq_mis", "low": 0.0},
+                {"type": "geo_reject", "low": 1.2, "high": 1.5}]:  # fmt: skip
+        with pytest.raises(ValidationError, match=r"less than 1|greater than 1|greater than 0"):
+            TrainerConfig(correction=bad)
+    with pytest.raises(ValidationError, match="'token' found using"):
+        TrainerConfig(correction="token")
+    with pytest.raises(ValidationError, match="cap"):  # a key the chosen method does not have
+        TrainerConfig(correction={"type": "mis", "cap": 2.0})
 
 
 def test_ratio_quantiles_by_hand() -> None:
@@ -198,13 +205,6 @@ def test_llds_skips_dropped_tokens_without_splitting_their_action() -> None:
 
 
 # ---------------------------------------------------------------------------- trainer steps
-
-
-def _cfg(model: Path, **kw: Any) -> TrainerConfig:
-    base = dict(model=str(model), lr=1e-3, micro_batch_size=2, minibatches_per_step=2, num_threads=1,
-                answer_weight_mode="adaptive_code", seed=5)  # fmt: skip
-    base.update(kw)
-    return TrainerConfig(**base)
 
 
 @pytest.fixture(scope="module")
@@ -256,11 +256,11 @@ NEW_KEYS = [
 def test_default_reproduces_the_truncated_is_of_before(tiny_model_dir: Path, near_groups: list[Any]) -> None:
     # Pinned at f6b5a94 (before llds_trainer.correction), same groups and configs, trainer at version 1.
     for kw, pinned in [
-        ({"is_cap": 1.2}, [0.16487575322389603, 0.022030780091881752, 0.981894887936343, 0.3821656050955414]),
-        ({"is_correction": "all", "is_cap": 1.1}, [0.1496540978550911, 0.01762988790869713, 0.9419997321234809,
-                                                   0.49206349206349204]),
+        ({"cap": 1.2}, [0.16487575322389603, 0.022030780091881752, 0.981894887936343, 0.3821656050955414]),
+        ({"tokens": "all", "cap": 1.1}, [0.1496540978550911, 0.01762988790869713, 0.9419997321234809,
+                                         0.49206349206349204]),
     ]:  # fmt: skip
-        tr = Trainer(_cfg(tiny_model_dir, **kw))
+        tr = Trainer(_cfg(tiny_model_dir, correction=kw))
         tr.state.version = 1
         r1, r2 = tr.train_step(near_groups), tr.train_step(near_groups)
         got = [r1[K.LOSS_TOTAL], r2[K.LOSS_TOTAL], r1[K.IS_WEIGHT_MEAN], r1[K.IS_TRUNCATED_FRAC]]
@@ -270,13 +270,14 @@ def test_default_reproduces_the_truncated_is_of_before(tiny_model_dir: Path, nea
 
 @pytest.mark.parametrize(
     ("method", "bounds"),
-    [("tis", {}), ("seq_tis", {"is_cap": 5.0}), ("mis", {"is_low": 0.7, "is_high": 1.4}),
-     ("seq_mis", {"is_low": 0.05, "is_high": 20.0}), ("geo_reject", {"is_low": 0.95, "is_high": 1.05})],
+    [("tis", {}), ("seq_tis", {"cap": 5.0}), ("mis", {"low": 0.7, "high": 1.4}),
+     ("seq_mis", {"low": 0.05, "high": 20.0}), ("geo_reject", {"low": 0.95, "high": 1.05})],
 )  # fmt: skip
 def test_one_step_per_method(
     tiny_model_dir: Path, near_groups: list[Any], method: str, bounds: dict[str, float]
 ) -> None:
-    tr = Trainer(_cfg(tiny_model_dir, is_correction="all", is_method=method, lld_probe=False, **bounds))
+    correction = {"type": method, "tokens": "all", **bounds}
+    tr = Trainer(_cfg(tiny_model_dir, correction=correction, lld={"probe": False}))
     tr.state.version = 2  # tokens of version 0 are 2 behind, of version 1 one behind
     rec = tr.train_step(near_groups)
     assert set(NEW_KEYS) <= set(rec) and set(NEW_KEYS) <= K.KEYS
@@ -319,11 +320,18 @@ def test_a_dropped_trajectory_is_out_of_every_term(
             for ti, t in enumerate(g.trajectories)]})
         for gi, g in enumerate(groups)
     ]  # fmt: skip
-    kw: dict[str, Any] = {"kl_coef": 0.01, "entropy_coef": 0.01, "epochs_per_step": 2, "lld_probe": False}
+    kw: dict[str, Any] = {
+        "kl_coef": 0.01,
+        "entropy_coef": 0.01,
+        "epochs_per_step": 2,
+        "lld": {"probe": False},
+    }
     geo = Trainer(
-        _cfg(tiny_model_dir, is_correction="all", is_method="geo_reject", is_low=0.5, is_high=1.5, **kw)
+        _cfg(
+            tiny_model_dir, correction={"type": "geo_reject", "tokens": "all", "low": 0.5, "high": 1.5}, **kw
+        )
     )
-    masked = Trainer(_cfg(tiny_model_dir, is_correction="off", overlong_filter=True, **kw))
+    masked = Trainer(_cfg(tiny_model_dir, correction="none", overlong_filter=True, **kw))
     for step in range(2):
         rec, ref = geo.train_step(cut), masked.train_step(cut)
         assert rec[K.IS_DROPPED_SEQ_FRAC] == pytest.approx(2 / 6) and rec[K.IS_WEIGHT_MEAN] == 1.0

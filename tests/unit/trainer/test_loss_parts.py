@@ -63,9 +63,9 @@ def _per_token(model: Any, traj: Any) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def _cfg(model: Path, ref: Path, **kw: Any) -> TrainerConfig:
-    base = dict(model=str(model), reference_model=str(ref), kl_coef=KL, entropy_coef=ENT, lr=1e-3,
-                minibatches_per_step=1, micro_batch_size=16, is_correction="off", lld_probe=False,
-                num_threads=1, seed=1)  # fmt: skip
+    base = dict(model=str(model), reference_model=str(ref), kl_coef=KL, entropy_coef=ENT,
+                optimizer={"lr": 1e-3}, minibatches_per_step=1, micro_batch_size=16, correction="none",
+                lld={"probe": False}, num_threads=1, seed=1)  # fmt: skip
     base.update(kw)
     return TrainerConfig(**base)
 
@@ -125,7 +125,7 @@ def test_total_is_the_signed_sum_of_its_logged_parts_over_several_updates(
     # a token of the second mini-batch's preserved responses, which Adam's first step (about lr per
     # weight, whatever the gradient's size) decides differently on different CPUs' kernels.
     tr = Trainer(_cfg(tiny_model_dir, ref_dir, minibatches_per_step=2, epochs_per_step=2, micro_batch_size=2,
-                      lr=5e-3))  # fmt: skip
+                      optimizer={"lr": 5e-3}))  # fmt: skip
     rec = tr.train_step(groups)
     assert rec["actor/updates"] == 4 and rec["loss/llds"] > 0
     parts = rec["loss/policy"] + KL * rec["loss/kl"] - ENT * rec["loss/entropy"] + rec["loss/llds"]

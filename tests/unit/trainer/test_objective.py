@@ -28,7 +28,7 @@ def _inputs(seed: int = 0, **kw: Any) -> O.MicroInputs:
 
 @pytest.mark.parametrize("name", ["ppo", "gspo"])
 def test_the_configured_policy_loss_is_the_objective_without_terms(name: str) -> None:
-    cfg = TrainerConfig(policy_loss=name, regularizer="none", clip_eps_high=0.28)
+    cfg = TrainerConfig(policy_loss={"type": name, "clip_eps_high": 0.28}, regularizer="none")
     obj = O.Objective.from_config(cfg, None)
     x = _inputs()
     loss, stats, r_max = obj(x, None)
@@ -37,8 +37,8 @@ def test_the_configured_policy_loss_is_the_objective_without_terms(name: str) ->
             x.logp_new, x.logp_old, x.advantages, x.loss_mask, clip_eps=0.2, clip_eps_high=0.28
         )
     else:
-        want, st = gspo_loss(x.logp_new, x.logp_old, x.advantages, x.loss_mask, clip_eps=cfg.gspo_clip_eps,
-                             clip_eps_high=cfg.gspo_clip_eps_high)  # fmt: skip
+        want, st = gspo_loss(x.logp_new, x.logp_old, x.advantages, x.loss_mask, clip_eps=cfg.policy_loss.clip_eps,
+                             clip_eps_high=0.28)  # fmt: skip
     assert torch.equal(loss, want) and r_max == st.ratio_max
     assert (stats.micro, stats.pg, stats.total, stats.llds_n, stats.kl_n, stats.ent_n) == (
         1,
@@ -51,8 +51,8 @@ def test_the_configured_policy_loss_is_the_objective_without_terms(name: str) ->
 
 
 def test_terms_add_in_order_and_dropped_tokens_leave_the_policy_kl_and_entropy() -> None:
-    cfg = TrainerConfig(regularizer="llds", llds_lambda=0.5, kl_coef=0.1, entropy_coef=0.01)
-    obj = O.Objective.from_config(cfg, cfg.llds_lambda)
+    cfg = TrainerConfig(regularizer={"coef": 0.5}, kl_coef=0.1, entropy_coef=0.01)
+    obj = O.Objective.from_config(cfg, O.configured_lambda(cfg))
     keep = torch.ones(3, 6)
     keep[1, 3:] = 0
     ent = torch.rand(3, 6)
@@ -79,7 +79,7 @@ def test_a_new_regulariser_plugs_in_through_its_registry_entry(monkeypatch: pyte
             return LLDSDetails(term=term, penalty=term, gated_units=1, total_units=2)
 
     monkeypatch.setitem(O.REGULARIZERS, "llds", lambda cfg, lam: Squares(lam))
-    obj = O.Objective.from_config(TrainerConfig(regularizer="llds", llds_lambda=0.3), 0.3)
+    obj = O.Objective.from_config(TrainerConfig(regularizer={"type": "llds", "coef": 0.3}), 0.3)
     _, stats, _ = obj(_inputs(), None)
     assert seen == [0.3] and (stats.gated, stats.gate_units) == (1, 2) and stats.llds > 0
     # no lambda (regularizer none, no alarm): no regulariser at all
