@@ -52,6 +52,9 @@ class Child:
     argv: list[str]
     log_path: Path
     env: dict[str, str] = field(default_factory=dict)
+    clear_env: str | None = None
+    """Inherited variables with this prefix are not passed on (``LLDS_TRAINER_``: the child's resolved
+    config file already holds what they said, and they would override it)."""
     proc: subprocess.Popen[bytes] | None = None
     tail: deque[str] = field(default_factory=lambda: deque(maxlen=40))
     restarts: int = 0
@@ -59,7 +62,10 @@ class Child:
 
     def start(self, echo: bool = True) -> Child:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        env = {**os.environ, "PYTHONUNBUFFERED": "1", **self.env}
+        inherited = {
+            k: v for k, v in os.environ.items() if not (self.clear_env and k.startswith(self.clear_env))
+        }
+        env = {**inherited, "PYTHONUNBUFFERED": "1", **self.env}
         self.proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,

@@ -110,6 +110,8 @@ class UpConfig(ServiceSettings):
 RUN_FILES = ("run_id", "up_config.toml")
 """What a run dir holds that ``--resume`` reads back (written before any child starts)."""
 CONFIG_COPIES = "configs"
+CHILD_ENV = {"rollout": "LLDS_ROLLOUT_", "trainer": "LLDS_TRAINER_"}
+"""Child -> the env prefix of its settings, resolved into its config file and not passed on."""
 """Run-dir folder holding the rollout and trainer TOMLs the run's children read (copied there by its
 first start, read again by ``--resume``)."""
 REPLICA_NAME = "rollout"
@@ -327,6 +329,24 @@ class Up:
             return str(self.paths["policy"]), 0
         return str(published[1]), published[0]
 
+    def resolved_config(self, kind: str, wiring: dict[str, Any]) -> Path:
+        """The one config file child ``kind`` (rollout / trainer) reads: its TOML (the run dir's copy)
+        with this start's wiring on top, resolved as the child would (defaults < TOML < the inherited
+        ``LLDS_<KIND>_*`` env < wiring) and written whole to ``RUN_DIR/configs/<kind>.resolved.toml``
+        (rewritten at each start: ports and the rollout's starting weights change). The child gets no
+        other setting: inherited ``LLDS_<KIND>_*`` variables are not passed on (``CHILD_ENV``), and the
+        secrets the file leaves out (the admin token, the Redis URL's password) come in the env."""
+        from llds_rollout.config import RolloutSettings
+        from llds_trainer.config import TrainerConfig
+
+        cls: type[ServiceSettings] = RolloutSettings if kind == "rollout" else TrainerConfig
+        path = self.run_dir / CONFIG_COPIES / f"{kind}.resolved.toml"
+        try:
+            resolved = cls.load(self.child_config(kind), wiring)
+        except ValueError as e:
+            raise ConfigError(f"{kind} config {self.child_config(kind)}: {e}") from e
+        return resolved.write_toml(path)
+
     def spec(self, name: str) -> tuple[list[str], dict[str, str]]:
         """argv and extra environment of child ``name``, computed at each (re)start."""
         cfg = self.cfg
@@ -341,18 +361,26 @@ class Up:
             model, version = self.rollout_start()
             if version:
                 print(f"rollout   starts on published weights v{version} ({model})", flush=True)
-            return [*py, "rollout", "serve", "--config", str(self.child_config("rollout")),
-                    "--model", model, "--retriever-url", self.url("retriever"),
-                    "--redis-url", self.redis_url, "--dataset", str(paths["world"] / "train.jsonl"),
-                    "--weights-root", str(self.weights_root), "--host", cfg.host, "--port", str(self.ports["rollout"])], {
-                **env, "OMP_NUM_THREADS": str(cfg.rollout_threads), "LLDS_ROLLOUT_RUN_ID": self.run_id,
-                "LLDS_ROLLOUT_INITIAL_VERSION": str(version), "LLDS_ROLLOUT_REPLICA_NAME": REPLICA_NAME}  # fmt: skip
+            path = self.resolved_config("rollout", {
+                "model": model, "retriever_url": self.url("retriever"), "redis_url": self.redis_url,
+                "dataset": str(paths["world"] / "train.jsonl"), "weights_root": str(self.weights_root),
+                "host": cfg.host, "port": self.ports["rollout"], "run_id": self.run_id,
+                "initial_version": version, "replica_name": REPLICA_NAME})  # fmt: skip
+            return [*py, "rollout", "serve", "--config", str(path)], {
+                **env,
+                "OMP_NUM_THREADS": str(cfg.rollout_threads),
+                "LLDS_ROLLOUT_REDIS_URL": self.redis_url,
+            }
         if name == "trainer":
-            return [*py, "trainer", "run", "--config", str(self.child_config("trainer")),
-                    "--model", str(paths["policy"]), "--redis-url", self.redis_url,
-                    "--run-dir", str(self.run_dir / "trainer"), "--weights-root", str(self.weights_root),
-                    "--steps", str(cfg.steps), "--host", cfg.host, "--port", str(self.ports["trainer"])], {
-                **env, "OMP_NUM_THREADS": str(cfg.trainer_threads), "LLDS_TRAINER_RUN_ID": self.run_id}  # fmt: skip
+            path = self.resolved_config("trainer", {
+                "model": str(paths["policy"]), "redis_url": self.redis_url, "run_dir": str(self.run_dir / "trainer"),
+                "weights_root": str(self.weights_root), "steps": cfg.steps, "host": cfg.host,
+                "port": self.ports["trainer"], "run_id": self.run_id})  # fmt: skip
+            return [*py, "trainer", "run", "--config", str(path)], {
+                **env,
+                "OMP_NUM_THREADS": str(cfg.trainer_threads),
+                "LLDS_TRAINER_REDIS_URL": self.redis_url,
+            }
         if name == "dashboard":
             return [*py, "dashboard", "serve", "--host", cfg.host, "--port", str(self.ports["dashboard"]),
                     "--retriever-url", self.url("retriever"), "--rollout-url", self.url("rollout"),
@@ -390,7 +418,13 @@ class Up:
         for name in names:
             argv, env = self.spec(name)
             self.children.append(
-                Child(name=name, argv=argv, log_path=logs / f"{name}.log", env=env).start(self.echo)
+                Child(
+                    name=name,
+                    argv=argv,
+                    log_path=logs / f"{name}.log",
+                    env=env,
+                    clear_env=CHILD_ENV.get(name),
+                ).start(self.echo)
             )
         for child in self.children:
             waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)

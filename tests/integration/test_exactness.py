@@ -228,7 +228,7 @@ def logprob_deltas(groups: Sequence[TrajectoryGroup], model_dir: Path, run_dir: 
 
     trainer = Trainer(trainer_config(model_dir, run_dir))
     samples = samples_from_groups(groups)
-    old = trainer._score(samples, entropy=False, ref=False)[0]
+    old = trainer.scorer.score(samples, entropy=False, ref=False)[0]
     deltas: list[float] = []
     off_mask: list[float] = []
     for s, lp in zip(samples, old, strict=True):
@@ -287,6 +287,7 @@ def check_observations_never_enter_the_loss(
     versions of observation tokens randomised; and with the trainer's own log-probs and entropies
     replaced by garbage on every masked position. Same record, bit-identical weights."""
     from llds_trainer.core import Trainer
+    from llds_trainer.scoring import Scorer
 
     kw = {"kl_coef": 0.01, "entropy_coef": 0.01, "correction": {"tokens": "all"}, "regularizer": "llds",
           "minibatches_per_step": 2, "lld": {"probe": True}, "optimizer": {"lr": 1e-3}}  # fmt: skip
@@ -300,7 +301,7 @@ def check_observations_never_enter_the_loss(
     assert ref_rec["actor/updates"] == 2 and ref_rec["loss/kl"] is not None and ref_rec["loss/llds"] != 0.0
     variants = {"sampler": step(perturbed(groups), "sampler")}
 
-    real_logp = Trainer._logp
+    real_logp = Scorer.logp
 
     def garbage_logp(self: Any, model: Any, mb: Any, want_entropy: bool) -> Any:
         logp, ent = real_logp(self, model, mb, want_entropy)
@@ -308,7 +309,7 @@ def check_observations_never_enter_the_loss(
         return logp + 7.0 * off, (ent + 3.0 * off if ent is not None else None)
 
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "_logp", garbage_logp)
+        m.setattr(Scorer, "logp", garbage_logp)
         variants["trainer"] = step(groups, "trainer")
 
     skip = ("perf/", "time/")

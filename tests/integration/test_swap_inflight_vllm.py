@@ -265,7 +265,7 @@ def check_training_turns(groups: list[TrajectoryGroup], weights: list[Path], tmp
             spans.append((i, a, e, s.versions[a]))
         assert vs == sorted(vs), f"versions go backwards between turns: {vs}"
     scored = {
-        k: Trainer(trainer_config(w, tmp / f"t{k}"))._score(samples, entropy=False, ref=False)[0]
+        k: Trainer(trainer_config(w, tmp / f"t{k}")).scorer.score(samples, entropy=False, ref=False)[0]
         for k, w in enumerate(weights)
     }
     tol_max = TOLERANCES["vllm"][0]

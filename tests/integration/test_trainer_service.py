@@ -203,13 +203,13 @@ def test_trains_publishes_notifies_and_serves(
 
 def test_bad_config_fails_before_loading_a_model(tmp_path: Path) -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "llds_trainer", "--model", "x", "--set", "llds_gate=sideways"],
+        [sys.executable, "-m", "llds_trainer", "--model", "x", "--set", "regularizer.gate=sideways"],
         capture_output=True,
         text=True,
         timeout=60,
     )
     assert out.returncode == 2
-    assert "llds_gate" in out.stderr
+    assert "regularizer" in out.stderr and "sideways" in out.stderr
 
 
 @pytest.mark.slow

@@ -5,8 +5,8 @@ log record, so it is unit-testable with a tiny model. One RL step, data flowing 
 modules that never call back into an earlier one:
 
 1. groups -> samples with GRPO advantages (``llds_trainer.batch``);
-2. pi_old pass (no grad, here): the current policy's log-probs of every sampled token (and the
-   reference model's when the KL term is on) and the entropy;
+2. pi_old pass (no grad, ``llds_trainer.scoring``): the current policy's log-probs of every sampled
+   token (and the reference model's when the KL term is on) and the entropy;
 3. off-policy correction (``llds_trainer.correction``): weights and a keep mask per token from the
    sampler's log-probs, pi_old's and the sampling versions, and the sampler/trainer mismatch;
 4. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates (:meth:`Trainer._update`), each
@@ -35,14 +35,15 @@ from torch import Tensor
 from llds_proto import steplog as K
 from llds_proto.messages import TrajectoryGroup
 from llds_trainer import checkpoint as ckpt
-from llds_trainer.batch import MicroBatch, Sample, collate, response_slice, samples_from_groups
+from llds_trainer.batch import Sample, collate, samples_from_groups
 from llds_trainer.config import TrainerConfig
 from llds_trainer.correction import CorrectionOut, apply_mask, build_correction, ratio_quantiles
 from llds_trainer.dist import DistContext
 from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
-from llds_trainer.loss import answer_weight, entropy_from_logits, token_logprobs
+from llds_trainer.loss import answer_weight
 from llds_trainer.objective import MicroInputs, MicroStats, Objective, active_llds, configured_lambda
+from llds_trainer.scoring import Scorer
 from llds_trainer.signals import lld_signals, mean
 
 log = logging.getLogger("llds.trainer")
@@ -175,68 +176,10 @@ class Trainer:
         self.alarm_action = AlarmAction.from_config(cfg.lld.alarm, configured_lambda(cfg))
         self.objective = Objective.from_config(cfg, self.alarm_action.lam)
         self.correction = build_correction(cfg.correction)
+        self.scorer = Scorer(self.model, self.ref_model, cfg.temperature, cfg.micro_batch_size, self.pad_id,
+                             self.device, self.dist)  # fmt: skip
 
-    # ------------------------------------------------------------------ forward passes
-    def _logp(
-        self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
-    ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs ``[B, L-1]`` of the targets (and entropy), zero before the first response token."""
-        Lm1 = mb.targets.shape[1]
-        start = max(0, int(mb.loss_mask.nonzero()[:, 1].min()) if mb.loss_mask.any() else Lm1 - 1)
-        keep = Lm1 + 1 - start  # positions start..L-1; the last one predicts past the end
-        out = model(
-            input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
-        )
-        # Only loss-mask positions are ever used; the vocabulary-wide softmax dominates the cost of
-        # a small model, so it runs on those rows alone.
-        sel = mb.loss_mask[:, start:].bool()  # [B, L-1-start]
-        logits = out.logits[:, :-1][sel].float()  # [N, V]
-        if self.cfg.temperature != 1.0:
-            logits = logits / self.cfg.temperature
-        logp = torch.zeros(mb.targets.shape, dtype=torch.float32, device=logits.device)  # [B, L-1]
-        logp[:, start:][sel] = token_logprobs(logits[None], mb.targets[:, start:][sel][None])[0]
-        ent = None
-        if want_entropy:
-            ent = torch.zeros_like(logp)  # [B, L-1]
-            ent[:, start:][sel] = entropy_from_logits(logits[None])[0]
-        return logp, ent
-
-    def _micro_batches(self, order: Sequence[int]) -> list[list[int]]:
-        k = self.cfg.micro_batch_size
-        return [list(order[i : i + k]) for i in range(0, len(order), k)]
-
-    @torch.no_grad()
-    def _score(
-        self, samples: list[Sample], *, entropy: bool, ref: bool
-    ) -> tuple[list[Tensor], list[Tensor] | None, list[Tensor] | None]:
-        """Response-aligned log-probs of every sample under the policy (and entropy, reference)."""
-        self.model.eval()
-        mine: dict[int, tuple[list[float], list[float] | None, list[float] | None]] = {}
-        for idx in self.dist.shard(self._micro_batches(range(len(samples)))):
-            mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
-            logp, ent = self._logp(self.model, mb, entropy)
-            ref_lp = self._logp(self.ref_model, mb, False)[0] if ref and self.ref_model is not None else None
-            for b, i in enumerate(idx):
-                sl = response_slice(samples[i])
-                mine[i] = (
-                    logp[b, sl].cpu().tolist(),
-                    ent[b, sl].cpu().tolist() if ent is not None else None,
-                    ref_lp[b, sl].cpu().tolist() if ref_lp is not None else None,
-                )
-        merged: dict[int, Any] = {}
-        for part in self.dist.all_gather_object(mine):
-            merged.update(part)
-        lp = [torch.tensor(merged[i][0]) for i in range(len(samples))]
-        en = [torch.tensor(merged[i][1]) for i in range(len(samples))] if entropy else None
-        rf = [torch.tensor(merged[i][2]) for i in range(len(samples))] if ref and self.ref_model else None
-        return lp, en, rf
-
-    def _place(self, mb: MicroBatch, samples: list[Sample], values: list[Tensor]) -> Tensor:
-        """Put response-aligned per-sample values at the micro-batch's target positions."""
-        out = torch.zeros(mb.targets.shape, dtype=torch.float32)  # [B, L-1]
-        for b, i in enumerate(mb.index):
-            out[b, response_slice(samples[i])] = values[i]
-        return out.to(self.device)
+    # ------------------------------------------------------------------ the step's passes
 
     def _correct(
         self, samples: list[Sample], old: list[Tensor]
@@ -248,7 +191,7 @@ class Trainer:
         reduction across ranks and count each token once whatever the epochs and mini-batches.
         """
         full = collate(samples, range(len(samples)), self.pad_id).to(self.device)
-        logp_old = self._place(full, samples, old)  # [N, L-1]
+        logp_old = self.scorer.place(full, samples, old)  # [N, L-1]
         loss = full.loss_mask.bool()  # [N, L-1]
         d = (logp_old - full.logp_sampler)[loss]  # [n] log-ratio pi_old / sampler of the loss tokens
         behind = (self.state.version - full.versions)[loss]  # [n] versions behind the trainer's
@@ -301,19 +244,19 @@ class Trainer:
                 mini = mb_idx.tolist()
                 if not mini:
                     continue
-                micros = self._micro_batches(mini)
+                micros = self.scorer.micro_batches(mini)
                 scale = 1.0 / len(micros)
                 for idx in self.dist.shard(micros):
                     mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
-                    logp_new, ent_new = self._logp(self.model, mb, cfg.entropy_coef > 0)
+                    logp_new, ent_new = self.scorer.logp(self.model, mb, cfg.entropy_coef > 0)
                     is_w = keep = None
                     if corr is not None:
                         # the step's rows of this micro-batch (right padding: its columns are a prefix)
                         rows, cols = torch.tensor(mb.index, device=self.device), mb.loss_mask.shape[1]
                         is_w, keep = corr.weights[rows, :cols], corr.keep_mask[rows, :cols]
-                    x = MicroInputs(logp_new, self._place(mb, samples, old), mb.advantages, mb.loss_mask,
+                    x = MicroInputs(logp_new, self.scorer.place(mb, samples, old), mb.advantages, mb.loss_mask,
                                     mb.answer_mask, entropy=ent_new,
-                                    logp_ref=self._place(mb, samples, ref) if ref is not None else None,
+                                    logp_ref=self.scorer.place(mb, samples, ref) if ref is not None else None,
                                     is_weights=is_w, keep_mask=keep)  # fmt: skip
                     loss, stats, r_max = self.objective(x, ans_w)
                     (loss * scale).backward()
@@ -354,7 +297,7 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
 
-        old, ent, ref = self._score(samples, entropy=True, ref=cfg.kl_coef > 0)
+        old, ent, ref = self.scorer.score(samples, entropy=True, ref=cfg.kl_coef > 0)
         t_old = time.perf_counter()
         v_s = sum(s.num_valid_searches for s in samples) / len(samples)
         lam = self.alarm_action.lam
@@ -370,7 +313,7 @@ class Trainer:
         t_train = time.perf_counter()
         n_micro = max(sums["micro"], 1)
 
-        after = self._score(samples, entropy=False, ref=False)[0] if cfg.lld.probe else None
+        after = self.scorer.score(samples, entropy=False, ref=False)[0] if cfg.lld.probe else None
         self.state.step += 1
         rec: dict[str, Any] = {
             K.STEP: self.state.step,

@@ -11,6 +11,7 @@ import json
 import signal
 import sys
 import time
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -75,23 +76,29 @@ def test_start_writes_run_id_and_passes_it_to_trainer_and_rollout(
 
     monkeypatch.setattr(Child, "start", fake_start)
     monkeypatch.setattr(supervisor, "wait_healthy", lambda *a, **k: 0.0)
-    monkeypatch.setenv("REDIS_URL", "redis://127.0.0.1:1/0")
+    monkeypatch.setenv("REDIS_URL", "redis://:hunter2@127.0.0.1:1/0")
+    monkeypatch.setenv("LLDS_TRAINER_MICRO_BATCH_SIZE", "3")  # resolved into the file, not passed on
     u = _up(tmp_path)
     u.start({"world": tmp_path, "index": tmp_path, "policy": tmp_path / "policy"})
     assert (u.run_dir / "run_id").read_text().strip() == u.run_id == up.run_id_for(u.run_dir)
-    assert started["trainer"].env["LLDS_TRAINER_RUN_ID"] == u.run_id
-    assert started["rollout"].env["LLDS_ROLLOUT_RUN_ID"] == u.run_id
-    rollout = started["rollout"].argv
-    assert rollout[rollout.index("--model") + 1] == str(tmp_path / "policy")
-    assert started["rollout"].env["LLDS_ROLLOUT_INITIAL_VERSION"] == "0"
-    # the children read the run dir's copies of their TOMLs, which --resume reads again
+    # each child gets one resolved config file: its TOML (the run dir's copy, which --resume reads
+    # again) with the wiring on top; the Redis URL's password only in its environment
+    files = {}
     for name in ("rollout", "trainer"):
         copy = u.run_dir / up.CONFIG_COPIES / f"{name}.toml"
-        argv = started[name].argv
-        assert argv[argv.index("--config") + 1] == str(copy)
         assert copy.read_text() == (up.REPO_CONFIGS / f"{name}_tiny.toml").read_text()
+        argv = started[name].argv
+        assert argv[-2:] == ["--config", str(u.run_dir / up.CONFIG_COPIES / f"{name}.resolved.toml")]
+        files[name] = tomllib.loads(Path(argv[-1]).read_text())
+        assert files[name]["run_id"] == u.run_id and "hunter2" not in Path(argv[-1]).read_text()
+        assert started[name].env[f"{up.CHILD_ENV[name]}REDIS_URL"] == "redis://:hunter2@127.0.0.1:1/0"
+        assert started[name].clear_env == up.CHILD_ENV[name]
+    assert (files["rollout"]["model"], files["rollout"]["initial_version"]) == (str(tmp_path / "policy"), 0)
+    assert files["rollout"]["group_size"] == 2  # from rollout_tiny.toml
+    assert files["trainer"]["micro_batch_size"] == 3 and files["trainer"]["groups_per_step"] == 1
+    assert files["trainer"]["run_dir"] == str(u.run_dir / "trainer")
     written = up.UpConfig.load(u.run_dir / "up_config.toml")
-    assert written.run_dir == u.run_dir and written.redis_url == "redis://127.0.0.1:1/0"
+    assert written.run_dir == u.run_dir and written.redis_url == "redis://:hunter2@127.0.0.1:1/0"
 
 
 def test_fresh_run_refuses_a_run_dir_holding_a_run(tmp_path: Path) -> None:
@@ -132,10 +139,9 @@ def test_rollout_restarts_on_the_newest_published_weights(tmp_path: Path) -> Non
     u.redis_url = "redis://127.0.0.1:1/0"
     assert u.rollout_start() == (str(tmp_path / "policy"), 0)
     v3 = _publish(u.weights_root, 3, 3)
-    argv, env = u.spec("rollout")
-    assert argv[argv.index("--model") + 1] == str(v3)
-    assert env["LLDS_ROLLOUT_INITIAL_VERSION"] == "3"
-    assert env["LLDS_ROLLOUT_REPLICA_NAME"] == up.REPLICA_NAME
+    argv, _ = u.spec("rollout")
+    cfg = tomllib.loads(Path(argv[argv.index("--config") + 1]).read_text())
+    assert (cfg["model"], cfg["initial_version"], cfg["replica_name"]) == (str(v3), 3, up.REPLICA_NAME)
 
 
 def test_logged_step_skips_a_line_cut_by_a_crash(tmp_path: Path) -> None:
@@ -287,3 +293,16 @@ def test_resume_of_a_folder_that_is_no_run_dir_is_a_usage_error(
         up.parse_args(["--resume", str(tmp_path)])
     assert e.value.code == 2
     assert "not a run dir of llds up" in capsys.readouterr().err
+
+
+def test_a_child_does_not_inherit_the_variables_its_config_file_resolved(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("LLDS_TRAINER_LR", "1")
+    monkeypatch.setenv("LLDS_OTHER", "kept")
+    show = [sys.executable, "-c", "import os; print(sorted(k for k in os.environ if k.startswith('LLDS_')))"]
+    c = Child(name="t", argv=show, log_path=tmp_path / "t.log", env={"LLDS_TRAINER_REDIS_URL": "u"},
+              clear_env="LLDS_TRAINER_").start(echo=False)  # fmt: skip
+    assert c.proc is not None and c.proc.wait(timeout=30) == 0
+    time.sleep(0.5)
+    assert "['LLDS_OTHER', 'LLDS_TRAINER_REDIS_URL']" in (tmp_path / "t.log").read_text()
