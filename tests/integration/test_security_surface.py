@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import socket
+import tomllib
 from pathlib import Path
 
 import httpx
@@ -167,7 +168,14 @@ def test_llds_up_passes_loopback_to_every_child(monkeypatch: pytest.MonkeyPatch,
     assert redis_hosts == ["127.0.0.1"]
     assert [n for n, _ in started] == ["retriever", "rollout", "trainer", "dashboard"]
     for name, argv in started:
-        assert argv[argv.index("--host") + 1] == "127.0.0.1", (name, argv)
+        if "--host" in argv:  # retriever, dashboard
+            assert argv[argv.index("--host") + 1] == "127.0.0.1", (name, argv)
+        else:  # rollout, trainer: their one resolved config file
+            resolved = tomllib.loads(Path(argv[argv.index("--config") + 1]).read_text())
+            assert resolved["host"] == "127.0.0.1", (name, resolved)
+            for key in ("retriever_url", "redis_url"):
+                if key in resolved:
+                    assert resolved[key].split("//", 1)[1].startswith("127.0.0.1:"), (name, resolved)
         for flag in ("--retriever-url", "--redis-url", "--rollout-url", "--trainer-url"):
             if flag in argv:
                 assert argv[argv.index(flag) + 1].split("//", 1)[1].startswith("127.0.0.1:"), (name, argv)

@@ -300,7 +300,8 @@ def test_a_child_does_not_inherit_the_variables_its_config_file_resolved(
 ) -> None:
     monkeypatch.setenv("LLDS_TRAINER_LR", "1")
     monkeypatch.setenv("LLDS_OTHER", "kept")
-    show = [sys.executable, "-c", "import os; print(sorted(k for k in os.environ if k.startswith('LLDS_')))"]
+    show = [sys.executable, "-c",
+            "import os; print(sorted(k for k in os.environ if k.startswith(('LLDS_OTHER', 'LLDS_TRAINER_'))))"]  # fmt: skip
     c = Child(name="t", argv=show, log_path=tmp_path / "t.log", env={"LLDS_TRAINER_REDIS_URL": "u"},
               clear_env="LLDS_TRAINER_").start(echo=False)  # fmt: skip
     assert c.proc is not None and c.proc.wait(timeout=30) == 0

@@ -216,7 +216,9 @@ def plain_groups(tokenizer: Any) -> list[Any]:
 def pi_old(tiny_model_dir: Path, plain_groups: list[Any]) -> list[list[float]]:
     """The initial policy's log-probs of every trajectory's response tokens, in sample order."""
     samples = samples_from_groups(plain_groups)
-    return [x.tolist() for x in Trainer(_cfg(tiny_model_dir))._score(samples, entropy=False, ref=False)[0]]
+    return [
+        x.tolist() for x in Trainer(_cfg(tiny_model_dir)).scorer.score(samples, entropy=False, ref=False)[0]
+    ]
 
 
 def _resampled(groups: list[Any], logprobs: Any, versions: Any = None) -> list[Any]:
