@@ -110,10 +110,10 @@ class UpConfig(ServiceSettings):
 RUN_FILES = ("run_id", "up_config.toml")
 """What a run dir holds that ``--resume`` reads back (written before any child starts)."""
 CONFIG_COPIES = "configs"
-CHILD_ENV = {"rollout": "LLDS_ROLLOUT_", "trainer": "LLDS_TRAINER_"}
-"""Child -> the env prefix of its settings, resolved into its config file and not passed on."""
 """Run-dir folder holding the rollout and trainer TOMLs the run's children read (copied there by its
 first start, read again by ``--resume``)."""
+CHILD_ENV = {"rollout": "LLDS_ROLLOUT_", "trainer": "LLDS_TRAINER_"}
+"""Child -> the env prefix of its settings, resolved into its config file and not passed on."""
 REPLICA_NAME = "rollout"
 """The one rollout replica's registry name: stable, so a restarted or resumed replica replaces its
 own entry instead of leaving a dead one behind."""
@@ -340,12 +340,12 @@ class Up:
         from llds_trainer.config import TrainerConfig
 
         cls: type[ServiceSettings] = RolloutSettings if kind == "rollout" else TrainerConfig
-        path = self.run_dir / CONFIG_COPIES / f"{kind}.resolved.toml"
+        source = self.child_config(kind)
         try:
-            resolved = cls.load(self.child_config(kind), wiring)
+            resolved = cls.load(source, wiring)
         except ValueError as e:
-            raise ConfigError(f"{kind} config {self.child_config(kind)}: {e}") from e
-        return resolved.write_toml(path)
+            raise ConfigError(f"{kind} config {source}: {e}") from e
+        return resolved.write_toml(self.run_dir / CONFIG_COPIES / f"{kind}.resolved.toml")
 
     def spec(self, name: str) -> tuple[list[str], dict[str, str]]:
         """argv and extra environment of child ``name``, computed at each (re)start."""

@@ -51,7 +51,8 @@ def typed_union(*variants: type[BaseModel]) -> Any:
     variant does not have is an error naming it, and an unknown ``type`` one listing the choices.
     :func:`llds_server.cli.settings_flags` gives such a section one flag per field of any variant.
     """
-    tags = {v: "|".join(type_values(c)) for c in variants for v in type_values(c)}
+    tag = {c: "|".join(type_values(c)) for c in variants}
+    tags = {v: tag[c] for c in variants for v in type_values(c)}
     default = variants[0].model_fields["type"].default
 
     def pick(value: Any) -> Any:
@@ -61,7 +62,7 @@ def typed_union(*variants: type[BaseModel]) -> Any:
     def shorthand(value: Any) -> Any:
         return {"type": value} if isinstance(value, str) else value
 
-    members = tuple(Annotated[c, Tag("|".join(type_values(c)))] for c in variants)
+    members = tuple(Annotated[c, Tag(tag[c])] for c in variants)
     return Annotated[Union[members], Discriminator(pick), BeforeValidator(shorthand)]  # noqa: UP007
 
 

@@ -117,29 +117,33 @@ RegularizerConfig = typed_union(LLDSConfig, NoRegularizerConfig)
 CorrectionTokens = Literal["stale", "all"]
 
 
-class TruncatedISConfig(ConfigModel):
+class _CorrectionConfig(ConfigModel):
+    """What every correction has: the tokens it applies to (after the subclass's ``type``)."""
+
+    type: str
+    """Set by each correction."""
+    tokens: CorrectionTokens = "stale"
+    """Tokens corrected: those sampled by an older version than pi_old, or every one (also corrects
+    engine/trainer numerics)."""
+
+
+class TruncatedISConfig(_CorrectionConfig):
     """Truncated importance weights (the default): ``tis`` token weights min(r, cap); ``seq_tis`` one
     weight per trajectory min(prod r, cap)."""
 
     type: Literal["tis", "seq_tis"] = "tis"
     """Token-level (``tis``) or trajectory-level (``seq_tis``) truncated weights."""
-    tokens: CorrectionTokens = "stale"
-    """Tokens corrected: those sampled by an older version than pi_old, or every one (also corrects
-    engine/trainer numerics)."""
     cap: float = Field(default=2.0, ge=1.0)
     """Upper clamp of the weights."""
 
 
-class MaskedISConfig(ConfigModel):
+class MaskedISConfig(_CorrectionConfig):
     """Masking: ``mis`` drops tokens with r outside [low, high] (the rest weighted r); ``seq_mis`` the
     same with a trajectory's prod r; ``geo_reject`` drops trajectories whose geometric-mean r is
     outside [low, high] (weight 1)."""
 
     type: Literal["mis", "seq_mis", "geo_reject"] = "mis"
     """Token masking (``mis``), trajectory masking (``seq_mis``) or geometric-mean rejection."""
-    tokens: CorrectionTokens = "stale"
-    """Tokens corrected: those sampled by an older version than pi_old, or every one (also corrects
-    engine/trainer numerics)."""
     low: float = Field(default=0.5, gt=0, lt=1)
     """Lower bound of the kept ratios; < 1 (a ratio of 1, on-policy, is always kept)."""
     high: float = Field(default=2.0, gt=1)
@@ -165,25 +169,30 @@ class NoAlarmActionConfig(ConfigModel):
     """Monitor only."""
 
 
-class EnableLLDSConfig(ConfigModel):
+class _ActingAlarmConfig(ConfigModel):
+    """What every acting alarm has: the monitor state whose entry acts (after the subclass's ``type``)."""
+
+    type: str
+    """Set by each action."""
+    trigger: AlarmTrigger = "warning"
+    """Monitor state whose entry acts."""
+
+
+class EnableLLDSConfig(_ActingAlarmConfig):
     """Switch LLDS on when the monitor enters ``trigger`` (runs with ``regularizer.type = "none"``)."""
 
     type: Literal["enable_llds"] = "enable_llds"
     """Switch the LLDS below on."""
-    trigger: AlarmTrigger = "warning"
-    """Monitor state whose entry acts."""
     llds: LLDSConfig = LLDSConfig()
     """The LLDS switched on."""
 
 
-class RaiseLambdaConfig(ConfigModel):
+class RaiseLambdaConfig(_ActingAlarmConfig):
     """Multiply the LLDS weight each time the monitor enters ``trigger`` (runs with
     ``regularizer.type = "llds"``)."""
 
     type: Literal["raise_lambda"] = "raise_lambda"
     """Raise lambda."""
-    trigger: AlarmTrigger = "warning"
-    """Monitor state whose entry acts."""
     factor: float = Field(default=2.0, gt=1)
     """Factor applied to lambda each time."""
     max: float = Field(default=1.0, gt=0)

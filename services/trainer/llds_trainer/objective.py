@@ -14,7 +14,7 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from llds_trainer.config import GSPOConfig, LLDSConfig, PPOConfig, TrainerConfig
+from llds_trainer.config import EnableLLDSConfig, GSPOConfig, LLDSConfig, PPOConfig, TrainerConfig
 from llds_trainer.loss import (
     LLDSDetails,
     PolicyLossStats,
@@ -131,7 +131,7 @@ def active_llds(cfg: TrainerConfig) -> LLDSConfig | None:
     if isinstance(cfg.regularizer, LLDSConfig):
         return cfg.regularizer
     alarm = cfg.lld.alarm
-    return alarm.llds if alarm.type == "enable_llds" else None  # type: ignore[union-attr]
+    return alarm.llds if isinstance(alarm, EnableLLDSConfig) else None
 
 
 def configured_lambda(cfg: TrainerConfig) -> float | None:
