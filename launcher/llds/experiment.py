@@ -28,6 +28,7 @@ from typing import Any
 import tomli_w
 
 from llds_proto import steplog as K
+from llds_proto.exits import EXIT_NO_SIGNAL
 from llds_server.settings import merged
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -38,6 +39,10 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo_llds": {"regularizer": _LLDS},
     "grpo_llds_ma": {"regularizer": _LLDS | {"answer_weight_mode": "adaptive_code"}},
     "grpo_alarm": {"regularizer": {"type": "none"}, "lld": {"alarm": {"type": "enable_llds", "llds": _LLDS}}},
+    # DAPO's dynamic sampling on plain GRPO: groups whose rewards are all equal are skipped, so a step
+    # never reads 0 and --stop-dead cannot see a death; the trainer stops itself instead after 8 uniform
+    # groups in a row (the 2 groups of 4 steps, as --stop-dead 4 on the other arms).
+    "grpo_ds": {"regularizer": {"type": "none"}, "dynamic_sampling": True, "dynamic_sampling_max_skips": 8},
 }
 """Trainer-config overrides of each arm (merged by :func:`merged`); everything else comes from the preset
 (or --trainer-config)."""
@@ -56,7 +61,7 @@ SIGNALS = [
 ]
 """Signals plotted, one figure each."""
 LOG_KEYS = [K.STEP, *(k for k, _ in SIGNALS), K.LLD_ACTION, K.LLDS_LAMBDA, K.ROLLOUT_VALID_SEARCHES_MEAN,
-            K.PERF_STEP_S, K.TIME_UNIX]  # fmt: skip
+            K.DATA_UNIFORM_SKIPPED, K.PERF_STEP_S, K.TIME_UNIX]  # fmt: skip
 """Keys kept in a run's compact log (OUT/logs/*.jsonl)."""
 
 COLLAPSE_WINDOW = 10
@@ -214,7 +219,8 @@ def _up_command(args: argparse.Namespace, run: Path, cfgs: dict[str, Path], resu
 def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float = 5.0) -> int | None:
     """Run ``llds up`` for ``steps``; with ``stop_dead`` > 0, stop it (Ctrl-C: a clean stop) once the
     last ``stop_dead`` steps had zero reward. Returns the step it was stopped at, None if it ran its
-    steps. A run that ended short of them otherwise (Ctrl-C, SIGTERM: ``llds up`` exits 0 on a
+    steps. Raises :class:`NoSignal` when the trainer stopped the run for want of a learning signal;
+    a run that ended short of its steps otherwise (Ctrl-C, SIGTERM: ``llds up`` exits 0 on a
     requested stop) raises :class:`Interrupted`, judged by the step log, not the exit code."""
     import os
     import signal
@@ -244,9 +250,12 @@ def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float 
             except KeyboardInterrupt:
                 continue  # llds up is stopping its children; leaving now would orphan them
         raise
+    last = max((int(r[K.STEP]) for r in _read_log(run)), default=0)
+    if code == EXIT_NO_SIGNAL:
+        print(f"== no learning signal left after step {last}: the trainer stopped the run", flush=True)
+        raise NoSignal(last)
     if code != 0:
         raise RuntimeError(f"llds up failed with exit code {code} (logs in {run / 'logs'})")
-    last = max((int(r[K.STEP]) for r in _read_log(run)), default=0)
     if stopped is None and last < steps:
         raise Interrupted(f"{run} stopped at step {last} of {steps}; continue it with --resume")
     return stopped
@@ -254,6 +263,15 @@ def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float 
 
 class Interrupted(Exception):
     """A run that ended before its steps without being stopped by --stop-dead."""
+
+
+class NoSignal(Exception):
+    """The trainer stopped the run itself after ``step``: dynamic sampling found only groups whose
+    rewards were all equal (``llds up`` exited with :data:`EXIT_NO_SIGNAL`)."""
+
+    def __init__(self, step: int) -> None:
+        super().__init__(f"no learning signal left after step {step}")
+        self.step = step
 
 
 def run_one(
@@ -304,19 +322,24 @@ def run_one(
     cmd = _up_command(args, run, cfgs, resume)
     t0 = time.monotonic()
     stop_dead = getattr(args, "stop_dead", 0)
+    why = None
     if resume and stop_dead and dead(earlier := _read_log(run), stop_dead):
         # Stopped dead before an interruption (of its evaluation, say): nothing left to train.
         stopped: int | None = int(earlier[-1][K.STEP])
         print(f"== {run_name(arm, seed)}: stopped dead at step {stopped} earlier; evaluating", flush=True)
     else:
         print(f"== {run_name(arm, seed)}: {' '.join(cmd[3:])}", flush=True)
-        stopped = _train(cmd, run, stop_dead, args.steps)
+        try:
+            stopped = _train(cmd, run, stop_dead, args.steps)
+        except NoSignal as e:
+            stopped, why = e.step, "no learning signal: dynamic sampling's uniform-group limit"
     log = _read_log(run)
     result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0}
     if rollout:
         result["rollout_overrides"] = rollout
     if stopped is not None:
-        result |= {"stopped_dead_at": stopped, "stop_dead": args.stop_dead}
+        result |= {"stopped_dead_at": stopped, "stop_dead": args.stop_dead,
+                   "stopped_why": why or f"reward 0 for {args.stop_dead} steps"}  # fmt: skip
     done = sorted(p.parent for p in (run / "weights").glob("v*/COMPLETE"))
     if done and args.eval_limit:
         result |= evaluate(done[-1], cfgs["rollout"], args.eval_limit, folder / "eval", run_name(arm, seed))
@@ -578,7 +601,10 @@ def repo_report(
 
 def _stopped(r: dict[str, Any]) -> str:
     at = r.get("stopped_dead_at")
-    return "-" if at is None else f"{at} (reward 0 for {r.get('stop_dead', '?')} steps)"
+    if at is None:
+        return "-"
+    why = r.get("stopped_why") or f"reward 0 for {r.get('stop_dead', '?')} steps"
+    return f"{at} ({why})"
 
 
 def search_table(results: list[dict[str, Any]]) -> list[str]:

@@ -19,10 +19,16 @@ from pathlib import Path
 
 import httpx
 
+from llds_proto.exits import EXIT_FAILED
+
 
 class ChildFailed(RuntimeError):
     """A child exited or never became healthy; the message names it, its exit status, its log's path
-    and last lines."""
+    and last lines. ``exit_code`` is the status ``llds up`` exits with (one of :mod:`llds_proto.exits`)."""
+
+    def __init__(self, message: str, exit_code: int = EXIT_FAILED) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 def exit_status(code: int | None) -> str:

@@ -40,6 +40,7 @@ from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto import steplog as K
+from llds_proto.exits import EXIT_NO_SIGNAL
 from llds_proto.streams import check_run_id
 from llds_server.cli import add_settings_flags, settings_overrides
 from llds_server.settings import ConfigError, ServiceSettings
@@ -483,6 +484,10 @@ class Up:
         msg = child.describe_exit()
         if child.name == "trainer" and code == 0:
             msg += f"\n{child.name} stopped at step {self.logged_step()} of {self.cfg.steps or 'unbounded'}"
+        if child.name == "trainer" and code == EXIT_NO_SIGNAL:
+            # No restart: the policy, not the process, is what failed (every group scores the same).
+            raise ChildFailed(f"{msg}\ntrainer stopped at step {self.logged_step()}: no learning signal left",
+                              exit_code=EXIT_NO_SIGNAL)  # fmt: skip
         if not self._may_restart(child.restarts):
             raise ChildFailed(msg + self._no_restart_note(child.restarts))
         child.restarts += 1
@@ -687,7 +692,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"continue this run with: llds up --resume {up.run_dir}")
     except ChildFailed as e:
         print(f"llds up failed: {e}", file=sys.stderr, flush=True)
-        code = 1
+        code = e.exit_code
     except Exception as e:
         print(f"llds up failed: {e}", file=sys.stderr)
         code = 1

@@ -19,6 +19,7 @@ import sys
 
 from pydantic import ValidationError
 
+from llds_proto.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_NO_SIGNAL
 from llds_server.cli import add_settings_flags, settings_overrides
 from llds_server.settings import ConfigError
 from llds_trainer.config import ADMIN_TOKEN_ENV, TrainerConfig
@@ -49,10 +50,10 @@ def run_main(argv: list[str]) -> int:
         cfg = load_config(argv)
     except (ConfigError, ValidationError) as e:
         print(f"llds trainer: bad config: {e}", file=sys.stderr)
-        return 2
+        return EXIT_BAD_CONFIG
     if not cfg.model:
         print("llds trainer: --model is required", file=sys.stderr)
-        return 2
+        return EXIT_BAD_CONFIG
     rank = int(os.environ.get("RANK", "0"))
     logging.basicConfig(
         level=logging.INFO,
@@ -68,6 +69,7 @@ def run_main(argv: list[str]) -> int:
 
     from llds_server.http import BackgroundServer
     from llds_trainer.app import create_app
+    from llds_trainer.core import NoLearningSignal
     from llds_trainer.service import TrainerService
 
     service = TrainerService(cfg, admin_token=token)
@@ -77,7 +79,7 @@ def run_main(argv: list[str]) -> int:
             server = BackgroundServer(create_app(service), host=cfg.host, port=cfg.port).start()
         except RuntimeError:
             print(f"llds trainer: cannot serve HTTP on {cfg.host}:{cfg.port} (port in use?)", file=sys.stderr)
-            return 1
+            return EXIT_FAILED
 
     def _stop(signum: int, _frame: object) -> None:
         log.info("signal %d: stopping after the current step", signum)
@@ -90,11 +92,16 @@ def run_main(argv: list[str]) -> int:
         service.setup()
         service.run()
         log.info("trainer %s at step %d", service.state, service.trainer.state.step)
+    except NoLearningSignal as e:
+        service.state = "failed"
+        service.error = f"{type(e).__name__}: {e}"
+        log.error("trainer stopped: %s", e)
+        rc = EXIT_NO_SIGNAL
     except Exception as e:
         service.state = "failed"
         service.error = f"{type(e).__name__}: {e}"
         log.exception("trainer failed")
-        rc = 1
+        rc = EXIT_FAILED
     finally:
         service.close_writers()
         if server is not None:

@@ -53,6 +53,11 @@ class TrainerError(RuntimeError):
     """The trainer cannot continue (bad model folder, empty batch, unreadable checkpoint)."""
 
 
+class NoLearningSignal(TrainerError):
+    """Dynamic sampling found nothing to learn from for ``dynamic_sampling_max_skips`` groups in a row;
+    the trainer exits with :data:`llds_proto.exits.EXIT_NO_SIGNAL`."""
+
+
 def resolve_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")

@@ -33,7 +33,7 @@ from llds_proto import streams
 from llds_proto.codec import decode_group, encode_group
 from llds_proto.messages import TrainerInfo, TrajectoryGroup, WeightUpdateNotice
 from llds_trainer.config import TrainerConfig
-from llds_trainer.core import TrainerError
+from llds_trainer.core import NoLearningSignal
 from llds_trainer.faults import failpoint
 from llds_trainer.lineage import Lineage
 from llds_trainer.metrics import TrainerMetrics
@@ -338,7 +338,7 @@ class TrainerService:
                         uniform_run += 1
                         cap = self.cfg.dynamic_sampling_max_skips
                         if cap and uniform_run >= cap:
-                            raise TrainerError(
+                            raise NoLearningSignal(
                                 f"dynamic sampling skipped {uniform_run} groups in a row whose rewards were "
                                 f"all equal (last: all {e.group.trajectories[0].reward}): no learning "
                                 "signal left (a collapsed policy?); raise dynamic_sampling_max_skips or "

@@ -149,7 +149,7 @@ try:
         time.sleep(0.05)
 except KeyboardInterrupt:
     sys.exit(0)
-sys.exit(3)
+sys.exit(4)
 """
 
 
@@ -162,9 +162,48 @@ def test_stop_dead_interrupts_a_run_whose_reward_stays_zero(tmp_path: Path) -> N
     assert stopped is not None and 6 <= stopped < 39
     rows = experiment._read_log(tmp_path)
     assert experiment.dead(rows[:stopped], 3) and not experiment.dead(rows[:5], 3)
-    # without --stop-dead the same child runs to its end (and its exit code 3 is an error)
-    with pytest.raises(RuntimeError, match="exit code 3"):
+    # without --stop-dead the same child runs to its end (and its exit code 4 is an error)
+    with pytest.raises(RuntimeError, match="exit code 4"):
         experiment._train([*cmd[:-1], str(tmp_path / "again")], tmp_path / "again", 0, 39, poll_s=0.2)
+
+
+def test_a_run_the_trainer_stopped_for_want_of_signal_is_stopped_dead_not_failed(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Under dynamic sampling no step reads reward 0, so --stop-dead never fires; the trainer stops
+    itself and ``llds up`` exits EXIT_NO_SIGNAL. The run is then dead at its last logged step, with the
+    cause in its result and the report, and its last weights are still evaluated."""
+    import sys
+
+    from llds_proto.exits import EXIT_NO_SIGNAL
+
+    script = DEAD_TRAINER.replace("range(1, 40)", "range(1, 8)").replace(
+        "sys.exit(4)", f"sys.exit({EXIT_NO_SIGNAL})"
+    )
+    with pytest.raises(experiment.NoSignal) as e:
+        experiment._train([sys.executable, "-c", script, str(tmp_path)], tmp_path, 4, 20, poll_s=0.2)
+    assert e.value.step == 7
+
+    def fake_train(cmd: list[str], run: Path, stop_dead: int, steps: int) -> int | None:
+        (run / "trainer").mkdir(parents=True, exist_ok=True)
+        (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps(r) + "\n" for r in STEADY[:9]))
+        (run / "weights" / "v9").mkdir(parents=True)
+        (run / "weights" / "v9" / "COMPLETE").touch()
+        raise experiment.NoSignal(9)
+
+    evaluated: list[Path] = []
+    monkeypatch.setattr(experiment, "_train", fake_train)
+    monkeypatch.setattr(experiment, "evaluate", lambda m, *a: evaluated.append(m) or {"eval_em": 0.25})
+    args = argparse.Namespace(out=tmp_path / "study", preset="cpu-collapse", trainer_config=None, model=None,
+                              steps=20, eval_limit=10, stop_dead=4, resume=False)  # fmt: skip
+    result = experiment.run_one("grpo_ds", 0, args)
+    assert (result["stopped_dead_at"], result["eval_em"]) == (9, 0.25) and evaluated[0].name == "v9"
+    assert "no learning signal" in result["stopped_why"]
+    assert "9 (no learning signal" in experiment._stopped(result)
+    assert experiment._stopped({"stopped_dead_at": 5, "stop_dead": 4}) == "5 (reward 0 for 4 steps)"
+    trainer = tomllib.loads((tmp_path / "study" / "runs" / "grpo_ds-s0" / "trainer_variant.toml").read_text())
+    assert (trainer["dynamic_sampling"], trainer["dynamic_sampling_max_skips"]) == (True, 8)
+    TrainerConfig.model_validate(trainer)
 
 
 def test_a_run_that_ends_short_of_its_steps_is_interrupted_not_finished(tmp_path: Path) -> None:

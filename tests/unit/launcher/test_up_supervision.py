@@ -236,6 +236,32 @@ def test_restart_on_failure_restarts_a_bounded_number_of_times(
         rollout.stop(timeout_s=5)
 
 
+def test_a_trainer_out_of_learning_signal_is_not_restarted_and_sets_the_exit_status(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """EXIT_NO_SIGNAL: the policy, not the process, failed; a restart would sample the same dead
+    policy again, so even with restart_on_failure the run ends, with that status for ``llds up``."""
+    from llds_proto.exits import EXIT_NO_SIGNAL
+
+    monkeypatch.setattr(supervisor, "wait_healthy", lambda *a, **k: 0.0)
+    u = _up(tmp_path, restart_on_failure=True, max_restarts=2, steps=50)
+    monkeypatch.setattr(u, "spec", lambda name: (SLEEPER, {}))
+    out = [
+        sys.executable,
+        "-c",
+        f"print('trainer stopped: no signal', flush=True); raise SystemExit({EXIT_NO_SIGNAL})",
+    ]
+    trainer = _child(tmp_path, "trainer", out)
+    u.children = [trainer]
+    try:
+        _wait_dead(trainer)
+        with pytest.raises(ChildFailed, match="no learning signal left") as e:
+            u.check()
+        assert e.value.exit_code == EXIT_NO_SIGNAL and trainer.restarts == 0
+    finally:
+        trainer.stop(timeout_s=5)
+
+
 def test_dead_redis_is_reported_or_restarted_on_its_data(tmp_path: Path) -> None:
     u = _up(tmp_path)
     u.redis = RedisServer(data_dir=tmp_path / "redis").start()

@@ -199,7 +199,7 @@ def test_dynamic_sampling_fails_clearly_when_every_group_is_uniform(tokenizer: A
     entry is acknowledged. A group with a signal in between restarts the count."""
     import threading
 
-    from llds_trainer.core import TrainerError
+    from llds_trainer.core import NoLearningSignal
     from llds_trainer.metrics import TrainerMetrics
     from llds_trainer.queue import Entry
     from llds_trainer.synthetic import synthetic_groups
@@ -226,7 +226,7 @@ def test_dynamic_sampling_fails_clearly_when_every_group_is_uniform(tokenizer: A
     svc.metrics, svc.stop_event = TrainerMetrics(), threading.Event()
     dead = [rewards(g, (0, 0, 0)) for g in gs[:6]]
     svc.queue = Queue(dead)
-    with pytest.raises(TrainerError, match="skipped 4 groups in a row whose rewards were all equal"):
+    with pytest.raises(NoLearningSignal, match="skipped 4 groups in a row whose rewards were all equal"):
         svc._fetch_usable()
     assert svc.queue.acked == ["0-0", "1-0", "2-0", "3-0"]
     # 3 uniform, one with a signal, 3 uniform, one with a signal: the run of skips never reaches 4
