@@ -181,7 +181,7 @@ def test_a_run_the_trainer_stopped_for_want_of_signal_is_stopped_dead_not_failed
         "sys.exit(4)", f"sys.exit({EXIT_NO_SIGNAL})"
     )
     with pytest.raises(experiment.NoSignal) as e:
-        experiment._train([sys.executable, "-c", script, str(tmp_path)], tmp_path, 4, 20, poll_s=0.2)
+        experiment._train([sys.executable, "-c", script, str(tmp_path)], tmp_path, 0, 20, poll_s=0.2)
     assert e.value.step == 7
 
     def fake_train(cmd: list[str], run: Path, stop_dead: int, steps: int) -> int | None:
@@ -211,7 +211,7 @@ def test_a_run_that_ends_short_of_its_steps_is_interrupted_not_finished(tmp_path
     the run is unfinished, so no result is written and --resume continues it."""
     import sys
 
-    short = DEAD_TRAINER.replace("range(1, 40)", "range(1, 6)").replace("sys.exit(3)", "sys.exit(0)")
+    short = DEAD_TRAINER.replace("range(1, 40)", "range(1, 6)").replace("sys.exit(4)", "sys.exit(0)")
     with pytest.raises(experiment.Interrupted, match="stopped at step 5 of 10"):
         experiment._train([sys.executable, "-c", short, str(tmp_path)], tmp_path, 0, 10, poll_s=0.2)
     assert (
