@@ -18,6 +18,8 @@ from pydantic_settings import SettingsConfigDict
 
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
 from llds_server.settings import ConfigModel, ServiceSettings, typed_union
+from llds_trainer.regularizers import RegularizerConfig
+from llds_trainer.regularizers.llds import LLDSConfig
 
 ADMIN_TOKEN_ENV = "LLDS_ADMIN_TOKEN"
 """Environment variable holding the bearer token of the rollout's admin routes."""
@@ -87,32 +89,6 @@ class GSPOConfig(ConfigModel):
 
 PolicyLossConfig = typed_union(PPOConfig, GSPOConfig)
 
-
-class LLDSConfig(ConfigModel):
-    """LLDS: penalise likelihood decreases of non-negative-advantage responses (``llds_trainer.loss``)."""
-
-    type: Literal["llds"] = "llds"
-    """The LLDS regulariser."""
-    coef: float = Field(default=0.2, ge=0)
-    """The weight lambda of the LLDS term (0.3 for Qwen2.5-7B-Instruct in the paper)."""
-    gate: Literal["action", "response", "token"] = "action"
-    """Gate: action (default, best), response, or token (no gate)."""
-    normalize: Literal["token", "paper"] = "token"
-    """token: sum / loss tokens of the micro-batch (authors' code); paper: per-response mean (Eq. 4)."""
-    answer_weight_mode: Literal["off", "fixed", "adaptive_code", "adaptive_paper"] = "off"
-    """LLDS-MA answer-span weight: off, fixed, adaptive as in the code, adaptive as in the paper."""
-    answer_weight: float = Field(default=0.2, ge=0)
-    """w_ans of the MA rules (capped at ``coef``)."""
-
-
-class NoRegularizerConfig(ConfigModel):
-    """No likelihood regulariser (plain GRPO)."""
-
-    type: Literal["none"] = "none"
-    """No regulariser."""
-
-
-RegularizerConfig = typed_union(LLDSConfig, NoRegularizerConfig)
 
 CorrectionTokens = Literal["stale", "all"]
 
@@ -303,7 +279,8 @@ class TrainerConfig(ServiceSettings):
     entropy_coef: float = Field(default=0.0, ge=0)
     """Entropy bonus coefficient (subtracted from the loss)."""
     regularizer: RegularizerConfig = LLDSConfig()
-    """Likelihood regulariser added to the loss: ``type = "llds"`` (default) or ``"none"`` (plain GRPO)."""
+    """Likelihood regulariser added to the loss, one module each in ``llds_trainer.regularizers``:
+    ``type = "llds"`` (default) or ``"none"`` (plain GRPO)."""
     correction: CorrectionConfig = TruncatedISConfig()
     """Off-policy correction against the sampler's log-probs (``llds_trainer.correction``), with
     ratio r = pi_old / sampler: ``type = "tis"``/``"seq_tis"`` (truncated weights), ``"mis"``/``"seq_mis"``/

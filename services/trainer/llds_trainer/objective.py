@@ -3,7 +3,7 @@ regulariser, each an object chosen by the config once, and the small stats recor
 
 The step (``llds_trainer.core``) builds an :class:`Objective` from the config and calls it per micro-batch;
 it never branches on a loss name. Adding a policy loss is a function in ``loss.py`` and an entry in
-:data:`POLICY_LOSSES`; adding a regulariser is a class here and an entry in :data:`REGULARIZERS`.
+:data:`POLICY_LOSSES`; adding a regulariser is a module of ``llds_trainer.regularizers``.
 """
 
 from __future__ import annotations
@@ -14,16 +14,16 @@ from typing import Any, Protocol
 
 from torch import Tensor
 
-from llds_trainer.config import EnableLLDSConfig, GSPOConfig, LLDSConfig, PPOConfig, TrainerConfig
+from llds_trainer import regularizers
+from llds_trainer.config import EnableLLDSConfig, GSPOConfig, PPOConfig, TrainerConfig
 from llds_trainer.loss import (
-    LLDSDetails,
     PolicyLossStats,
     aggregate,
     gspo_loss,
-    llds_details,
     low_var_kl,
     ppo_clip_loss,
 )
+from llds_trainer.regularizers.llds import LLDSConfig
 
 
 class PolicyLoss(Protocol):
@@ -95,57 +95,31 @@ class MicroInputs:
     keep_mask: Tensor | None = None
 
 
-class Regularizer(Protocol):
-    """A likelihood regulariser added to the policy loss (chosen by ``[regularizer] type``): it
-    gets the micro-batch's full loss mask and the correction's keep mask in ``x``."""
-
-    def __call__(self, x: MicroInputs, answer_weight: float | None) -> LLDSDetails | None: ...
-
-
-class NoRegularizer:
-    def __call__(self, *args: Any, **kwargs: Any) -> None:
-        return None
-
-
-@dataclass(frozen=True)
-class LLDSRegularizer:
-    lam: float
-    gate: Any
-    normalize: Any
-
-    def __call__(self, x: MicroInputs, answer_weight: float | None) -> LLDSDetails:
-        return llds_details(x.logp_new, x.logp_old, x.advantages, x.loss_mask, gate=self.gate, lam=self.lam,
-                            answer_mask=x.answer_mask, answer_weight=answer_weight, normalize=self.normalize,
-                            keep_mask=x.keep_mask)  # fmt: skip
-
-
-REGULARIZERS: dict[str, Callable[[Any, float], Regularizer]] = {
-    "llds": lambda c, lam: LLDSRegularizer(lam=lam, gate=c.gate, normalize=c.normalize),
-}
-"""Regularisers with a weight: ``[regularizer] type`` -> builder(section, lambda)."""
+def active_regularizer(cfg: TrainerConfig) -> Any:
+    """The ``[regularizer]`` section a run uses: its own, or for a run without one whose alarm switches
+    LLDS on, ``[lld.alarm.llds]``."""
+    alarm = cfg.lld.alarm
+    if regularizers.weight(cfg.regularizer) is None and isinstance(alarm, EnableLLDSConfig):
+        return alarm.llds
+    return cfg.regularizer
 
 
 def active_llds(cfg: TrainerConfig) -> LLDSConfig | None:
-    """The LLDS section a run uses: ``[regularizer]``, or for a run without one whose alarm switches
-    LLDS on, ``[lld.alarm.llds]``; ``None`` when the run never regularises."""
-    if isinstance(cfg.regularizer, LLDSConfig):
-        return cfg.regularizer
-    alarm = cfg.lld.alarm
-    return alarm.llds if isinstance(alarm, EnableLLDSConfig) else None
+    """The LLDS section a run uses (:func:`active_regularizer`), whose answer-span weight the step
+    computes; ``None`` when the run never runs LLDS."""
+    section = active_regularizer(cfg)
+    return section if isinstance(section, LLDSConfig) else None
 
 
 def configured_lambda(cfg: TrainerConfig) -> float | None:
     """The regulariser weight a run starts with: ``[regularizer] coef``, or ``None`` without one."""
-    return cfg.regularizer.coef if isinstance(cfg.regularizer, LLDSConfig) else None
+    return regularizers.weight(cfg.regularizer)
 
 
-def build_regularizer(cfg: TrainerConfig, lam: float | None) -> Regularizer:
-    """The run's regulariser (:func:`active_llds`) with weight ``lam`` (the configured one, or what an
-    acting alarm set); none when ``lam`` is ``None`` (no regulariser, or the alarm has not acted)."""
-    section = active_llds(cfg)
-    if lam is None or section is None:
-        return NoRegularizer()
-    return REGULARIZERS[section.type](section, lam)
+def build_regularizer(cfg: TrainerConfig, lam: float | None) -> regularizers.Regularizer:
+    """The run's regulariser (:func:`active_regularizer`) with weight ``lam`` (the configured one, or
+    what an acting alarm set); none when ``lam`` is ``None`` (no regulariser, or the alarm has not acted)."""
+    return regularizers.build(active_regularizer(cfg), lam)
 
 
 @dataclass
@@ -181,7 +155,7 @@ class Objective:
     """policy loss + kl_coef * KL - entropy_coef * entropy + regulariser, on one micro-batch."""
 
     policy_loss: PolicyLoss
-    regularizer: Regularizer
+    regularizer: regularizers.Regularizer
     agg: Any
     kl_coef: float
     kl_clamp: float

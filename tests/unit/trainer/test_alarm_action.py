@@ -12,7 +12,8 @@ from test_core import _cfg
 from llds_trainer.config import TrainerConfig
 from llds_trainer.core import Trainer
 from llds_trainer.lld import AlarmAction, LLDMonitor
-from llds_trainer.objective import LLDSRegularizer, NoRegularizer
+from llds_trainer.regularizers import NoRegularizer
+from llds_trainer.regularizers.llds import LLDSRegularizer
 from llds_trainer.synthetic import synthetic_groups
 
 

@@ -13,7 +13,7 @@ import torch
 
 from llds_trainer import objective as O
 from llds_trainer.config import TrainerConfig
-from llds_trainer.loss import LLDSDetails, gspo_loss, ppo_clip_loss
+from llds_trainer.loss import gspo_loss, ppo_clip_loss
 
 
 def _inputs(seed: int = 0, **kw: Any) -> O.MicroInputs:
@@ -66,26 +66,94 @@ def test_terms_add_in_order_and_dropped_tokens_leave_the_policy_kl_and_entropy()
     assert float(loss) == pytest.approx(stats.pg + 0.1 * stats.kl - 0.01 * stats.ent + stats.llds)
 
 
-def test_a_new_regulariser_plugs_in_through_its_registry_entry(monkeypatch: pytest.MonkeyPatch) -> None:
-    seen: list[float] = []
+PLUGIN = '''
+"""A regulariser of one module alone: lambda times the squared log-ratio of the loss tokens."""
+from typing import Literal
 
-    class Squares:
-        def __init__(self, lam: float) -> None:
-            self.lam = lam
+from pydantic import Field
 
-        def __call__(self, x: O.MicroInputs, answer_weight: float | None) -> LLDSDetails:
-            seen.append(self.lam)
-            term = self.lam * ((x.logp_new - x.logp_old) ** 2 * x.loss_mask).sum()
-            return LLDSDetails(term=term, penalty=term, gated_units=1, total_units=2)
+from llds_server.settings import ConfigModel
 
-    monkeypatch.setitem(O.REGULARIZERS, "llds", lambda cfg, lam: Squares(lam))
-    obj = O.Objective.from_config(TrainerConfig(regularizer={"type": "llds", "coef": 0.3}), 0.3)
-    _, stats, _ = obj(_inputs(), None)
-    assert seen == [0.3] and (stats.gated, stats.gate_units) == (1, 2) and stats.llds > 0
-    # no lambda (regularizer none, no alarm): no regulariser at all
+
+class Config(ConfigModel):
+    type: Literal["square"] = "square"
+    """The squared log-ratio."""
+    coef: float = Field(default=0.1, ge=0)
+    """Its weight."""
+
+
+class Square:
+    def __init__(self, lam):
+        self.lam = lam
+
+    def __call__(self, x, answer_weight):
+        from llds_trainer.loss import LLDSDetails
+
+        term = self.lam * ((x.logp_new - x.logp_old) ** 2 * x.loss_mask).sum()
+        return LLDSDetails(term=term, penalty=term, gated_units=1, total_units=2)
+
+
+def build(section, lam):
+    return Square(lam)
+'''
+
+PLUGIN_RUN = """
+import sys, tomllib
+import torch
+from llds_trainer import objective as O, regularizers
+from llds_trainer.cli import build_parser
+from llds_trainer.config import TrainerConfig
+sys.path.insert(0, sys.argv[1])
+from test_objective import _inputs
+
+cfg = TrainerConfig.load(sys.argv[2])
+assert cfg.regularizer.type == "square" and O.configured_lambda(cfg) == 0.5, cfg.regularizer
+obj = O.Objective.from_config(cfg, O.configured_lambda(cfg))
+x = _inputs()
+_, stats, _ = obj(x, None)
+want = 0.5 * float(((x.logp_new - x.logp_old) ** 2 * x.loss_mask).sum())
+assert abs(stats.llds - want) < 1e-6 and (stats.gated, stats.gate_units) == (1, 2), stats
+help = build_parser().format_help()
+assert "square" in help and "--regularizer.coef" in help
+print("types", sorted(regularizers.VARIANTS))
+"""
+
+
+def test_a_new_regulariser_is_one_module_of_its_own(tmp_path: Path) -> None:
+    """The done-when of the config tree: a regulariser variant is its module (and its test) alone.
+    A module dropped into an ``llds_trainer/regularizers`` folder on the path, and nothing else
+    touched, is a ``[regularizer] type`` the config validates, the CLI offers and the objective runs."""
+    import os
+    import subprocess
+    import sys
+
+    plugin = tmp_path / "plugins" / "llds_trainer" / "regularizers"
+    plugin.mkdir(parents=True)
+    (plugin / "square.py").write_text(PLUGIN)
+    cfg = tmp_path / "trainer.toml"
+    cfg.write_text('[regularizer]\ntype = "square"\ncoef = 0.5\n')
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugins"), *filter(None, [env.get("PYTHONPATH")])])
+    run = subprocess.run([sys.executable, "-c", PLUGIN_RUN, str(Path(__file__).parent), str(cfg)], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert run.returncode == 0, run.stderr[-3000:]
+    assert "types ['llds', 'none', 'square']" in run.stdout
+    # without the module on the path the same file is refused, naming the choices
+    env["PYTHONPATH"] = os.environ.get("PYTHONPATH", "")
+    bad = subprocess.run([sys.executable, "-c", PLUGIN_RUN, str(Path(__file__).parent), str(cfg)], env=env,
+                         capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert bad.returncode != 0 and "square" in bad.stderr and "llds" in bad.stderr
+
+
+def test_no_lambda_means_no_regulariser_and_the_default_is_llds() -> None:
+    from llds_trainer.regularizers import NoRegularizer
+    from llds_trainer.regularizers.llds import LLDSRegularizer
+
     assert isinstance(
-        O.Objective.from_config(TrainerConfig(regularizer="none"), None).regularizer, O.NoRegularizer
+        O.Objective.from_config(TrainerConfig(regularizer="none"), None).regularizer, NoRegularizer
     )
+    obj = O.Objective.from_config(TrainerConfig(), 0.3)
+    assert isinstance(obj.regularizer, LLDSRegularizer) and obj.regularizer.lam == 0.3
 
 
 def test_micro_stats_add_up_by_name() -> None:
