@@ -32,6 +32,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "serve /answer and generate training trajectories",
     ),
     ("trainer", "run"): ("llds_trainer.cli", "run_main", "train with GRPO + LLDS from the trajectory stream"),
+    ("trainer", "replay-alarm"): (
+        "llds_trainer.replay",
+        "replay_main",
+        "replay the LLD monitor on step logs",
+    ),
     ("warmstart",): ("llds_trainer.warmstart", "main", "fine-tune the policy on protocol demonstrations"),
     ("world", "build"): ("llds.world", "main", "write the synthetic world (corpus + questions)"),
     ("dashboard", "serve"): ("llds.dashboard.cli", "main", "serve the live training dashboard"),
