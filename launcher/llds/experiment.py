@@ -334,7 +334,8 @@ def run_one(
         except NoSignal as e:
             stopped, why = e.step, "no learning signal: dynamic sampling's uniform-group limit"
     log = _read_log(run)
-    result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0}
+    result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0,
+                                          "start_digest": policy_digest(start_policy(args))}  # fmt: skip
     if rollout:
         result["rollout_overrides"] = rollout
     if stopped is not None:
@@ -371,6 +372,24 @@ def _shape(rollout_config: Path) -> dict[str, int] | None:
     return answer_shape(rollout_config) if rollout_config.is_file() else None
 
 
+def policy_digest(model: Path | None) -> str | None:
+    """The first 16 hex digits of a SHA-256 over ``model``'s safetensors files (names and bytes, in
+    name order): which starting policy a run had. A warm start regenerated on another machine is not
+    bit-identical (float reductions differ), so runs of one study done on two machines can differ in it."""
+    import hashlib
+
+    files = sorted(model.glob("*.safetensors")) if model is not None and model.is_dir() else []
+    if not files:
+        return None
+    h = hashlib.sha256()
+    for f in files:
+        h.update(f.name.encode())
+        with f.open("rb") as fh:
+            while chunk := fh.read(1 << 22):
+                h.update(chunk)
+    return h.hexdigest()[:16]
+
+
 def start_policy(args: argparse.Namespace) -> Path | None:
     """The policy every run starts from (None: the gpu preset without --model)."""
     from llds import assets
@@ -397,7 +416,8 @@ def baseline(args: argparse.Namespace) -> dict[str, Any] | None:
     cfg = folder / "rollout.toml"
     cfg.write_text(tomli_w.dumps(preset_config(args.preset, "rollout")))
     print(f"== baseline: evaluating the starting policy {model}", flush=True)
-    result = {"model": str(model)} | evaluate(model, cfg, args.eval_limit, folder / "eval", "baseline")
+    result = {"model": str(model), "digest": policy_digest(model)}
+    result |= evaluate(model, cfg, args.eval_limit, folder / "eval", "baseline")
     done.write_text(json.dumps(result, indent=1) + "\n")
     return result
 
@@ -540,7 +560,7 @@ def report(
         "# The LLD experiment",
         "",
         f"Command: `llds experiment lld --preset {args.preset} --steps {args.steps} --eval-limit {args.eval_limit}"
-        f" --seeds {args.seeds} --arms {args.arms}`. Every (arm, seed) is a full `llds up` run from the same starting"
+        f" --seeds {args.seeds} --arms {args.arms}`. Every (arm, seed) is a full `llds up` run from the preset's starting"
         " policy; reward is exact match. Collapse: the 10-step moving average of the training reward falls below"
         " half its peak and stays there (step given). Evaluation: greedy on the synthetic world's held-out split.",
         "",
@@ -557,6 +577,10 @@ def report(
     if base is not None:
         lines += ["", f"The starting policy (`{Path(base['model']).name}`), evaluated the same way: held-out EM "
                   f"{_f(base['eval_em'])} on {base['eval_n']} questions."]  # fmt: skip
+    if len(starts := _starts(results)) > 1:
+        lines += ["", "Not every run is known to start from the same policy (SHA-256 of its weights; a warm start "
+                  "regenerated on another machine is not bit-identical): " + "; ".join(f"{d}: {', '.join(n)}" for d, n in starts.items())
+                  + ". Paired differences across them mix the arm's effect with the start's."]  # fmt: skip
     if not results:
         lines += ["", "No (arm, seed) run of this command has finished yet."]
     have = {(r["arm"], r["seed"]) for r in results}
@@ -597,6 +621,14 @@ def repo_report(
     if notes.is_file():
         md += "\n" + notes.read_text()
     return md
+
+
+def _starts(results: list[dict[str, Any]]) -> dict[str, list[str]]:
+    """Runs by the digest of their starting policy (``not recorded`` for runs from before digests)."""
+    out: dict[str, list[str]] = {}
+    for r in results:
+        out.setdefault(r.get("start_digest") or "not recorded", []).append(run_name(r["arm"], r["seed"]))
+    return out
 
 
 def _stopped(r: dict[str, Any]) -> str:

@@ -353,7 +353,7 @@ def test_the_starting_policy_is_evaluated_once_in_the_runs_rollout_shape(
         out=tmp_path, preset="cpu-collapse", model=str(tmp_path / "policy"), eval_limit=100
     )
     first = experiment.baseline(args)
-    assert first == {"model": str(tmp_path / "policy"), "eval_em": 0.7, "eval_f1": 0.7, "eval_searches": 1.0,
+    assert first == {"model": str(tmp_path / "policy"), "digest": None, "eval_em": 0.7, "eval_f1": 0.7, "eval_searches": 1.0,
                      "eval_n": 100, "eval_shape": {"topk": 2, "max_tokens_per_turn": 64, "max_obs_tokens": 160}}  # fmt: skip
     assert experiment.baseline(args) == first and len(evals) == 1  # done once
     shape = tomllib.loads(Path(evals[0][evals[0].index("--rollout-config") + 1]).read_text())
@@ -421,3 +421,23 @@ def test_invocations_with_other_seeds_or_arms_add_up_and_another_study_is_refuse
     with pytest.raises(SystemExit, match=r"another study \(steps 30 there, 20 here\)"):
         experiment.main([*base[:4], "--steps", "20", "--eval-limit", "0", "--seeds", "2"])
     assert len(json.loads((out / "results.json").read_text())) == 6
+
+
+def test_the_starting_policy_is_recorded_by_digest_and_a_mixed_study_says_so(tmp_path: Path) -> None:
+    """A warm start regenerated on another machine is not bit-identical: runs record the SHA-256 of
+    their start's weights, and a report over runs from different (or unrecorded) starts says so."""
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d, data in ((a, b"\x00" * 64), (b, b"\x00" * 63 + b"\x01")):
+        d.mkdir()
+        (d / "model-00001-of-00002.safetensors").write_bytes(data)
+        (d / "model-00002-of-00002.safetensors").write_bytes(b"tail")
+    da, db = experiment.policy_digest(a), experiment.policy_digest(b)
+    assert da and db and da != db and len(da) == 16 and experiment.policy_digest(a) == da
+    assert experiment.policy_digest(tmp_path / "none") is None and experiment.policy_digest(None) is None
+    args = argparse.Namespace(preset="cpu-collapse", steps=20, eval_limit=0, seeds="0", arms="grpo,grpo_ds")
+    run = experiment.summarize("grpo", 0, STEADY)
+    same = [run | {"start_digest": da}, run | {"arm": "grpo_ds", "start_digest": da}]
+    assert "Not every run is known" not in experiment.report(same, args, [])
+    mixed = [run | {"start_digest": da}, run | {"arm": "grpo_ds", "start_digest": db}, run | {"seed": 1}]
+    md = experiment.report(mixed, args, [])
+    assert f"{da}: grpo-s0; {db}: grpo_ds-s0; not recorded: grpo-s1" in md
