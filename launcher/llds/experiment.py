@@ -335,7 +335,7 @@ def run_one(
             stopped, why = e.step, "no learning signal: dynamic sampling's uniform-group limit"
     log = _read_log(run)
     result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0,
-                                          "start_digest": policy_digest(start_policy(args))}  # fmt: skip
+                                          "start_digest": getattr(args, "start_digest", None)}  # fmt: skip
     if rollout:
         result["rollout_overrides"] = rollout
     if stopped is not None:
@@ -796,7 +796,8 @@ def main(argv: list[str] | None = None) -> int:
                 setattr(args, k, v)
     else:
         _write_study(args, seeds, arms)
-        baseline(args)
+        # The starting policy's digest (from its evaluation) is recorded in each run's result.
+        args.start_digest = (baseline(args) or {}).get("digest")
         results = []
         for s in seeds:
             for a in arms:
