@@ -92,16 +92,15 @@ def run_main(argv: list[str]) -> int:
         service.setup()
         service.run()
         log.info("trainer %s at step %d", service.state, service.trainer.state.step)
-    except NoLearningSignal as e:
-        service.state = "failed"
-        service.error = f"{type(e).__name__}: {e}"
-        log.error("trainer stopped: %s", e)
-        rc = EXIT_NO_SIGNAL
     except Exception as e:
         service.state = "failed"
         service.error = f"{type(e).__name__}: {e}"
-        log.exception("trainer failed")
-        rc = EXIT_FAILED
+        if isinstance(e, NoLearningSignal):  # the policy's failure, not the code's: no traceback
+            log.error("trainer stopped: %s", e)
+            rc = EXIT_NO_SIGNAL
+        else:
+            log.exception("trainer failed")
+            rc = EXIT_FAILED
     finally:
         service.close_writers()
         if server is not None:

@@ -133,7 +133,14 @@ def test_a_new_regulariser_is_one_module_of_its_own(tmp_path: Path) -> None:
     cfg = tmp_path / "trainer.toml"
     cfg.write_text('[regularizer]\ntype = "square"\ncoef = 0.5\n')
     env = dict(os.environ)
-    env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "plugins"), *filter(None, [env.get("PYTHONPATH")])])
+    # The installed llds_trainer ahead of the plugin folder: with an editable install the package is not
+    # on sys.path, and the plugin's llds_trainer/ (no __init__.py) would be taken for a namespace package.
+    import llds_trainer
+
+    src = str(Path(llds_trainer.__file__).resolve().parents[1])
+    env["PYTHONPATH"] = os.pathsep.join(
+        [src, str(tmp_path / "plugins"), *filter(None, [env.get("PYTHONPATH")])]
+    )
     run = subprocess.run([sys.executable, "-c", PLUGIN_RUN, str(Path(__file__).parent), str(cfg)], env=env,
                          capture_output=True, text=True, timeout=120)  # fmt: skip
     assert run.returncode == 0, run.stderr[-3000:]

@@ -73,9 +73,9 @@ def _discover() -> dict[str, ModuleType]:
 VARIANTS: dict[str, ModuleType] = _discover()
 """``[regularizer] type`` -> its module."""
 
-_CONFIGS = list(dict.fromkeys(m.Config for m in VARIANTS.values()))
+# The default variant first (typed_union's default), each Config once (a module may declare several types).
 RegularizerConfig: Any = typed_union(
-    VARIANTS[DEFAULT].Config, *(c for c in _CONFIGS if c is not VARIANTS[DEFAULT].Config)
+    *dict.fromkeys([VARIANTS[DEFAULT].Config, *(m.Config for m in VARIANTS.values())])
 )
 """The ``[regularizer]`` section: one of the variants' ``Config``, picked by ``type``."""
 
