@@ -7,6 +7,7 @@ Not a test module; imported by ``test_faults_*``, ``test_fuzz_*``, ``test_securi
 
 from __future__ import annotations
 
+import http.client
 import os
 import signal
 import subprocess
@@ -37,6 +38,35 @@ def wait_for(cond: Callable[[], Any], timeout_s: float, what: str, interval_s: f
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
         time.sleep(interval_s)
+
+
+def idle_connection_failure(
+    url: str, method: str, path: str, body: bytes | None = None, idle_s: float = 6.0
+) -> str | None:
+    """Send one request twice on one TCP connection, idle ``idle_s`` in between: why the second was
+    not answered 200, or None when it was.
+
+    An agent keeps its connection across a generation turn, and a loaded client can take seconds
+    between a response and its next request; uvicorn's own default closes an idle connection after
+    5 s, and the request then written into it fails (``http.client`` does not reconnect by itself).
+    """
+    host, port = url.removeprefix("http://").rsplit(":", 1)
+    conn = http.client.HTTPConnection(host, int(port), timeout=10)
+    try:
+        for i in range(2):
+            if i:
+                time.sleep(idle_s)
+            try:
+                conn.request(method, path, body=body, headers={"Content-Type": "application/json"})
+                r = conn.getresponse()
+                r.read()
+            except (OSError, http.client.HTTPException) as e:
+                return f"request {i + 1}: {e!r}"
+            if r.status != 200:
+                return f"request {i + 1}: HTTP {r.status}"
+    finally:
+        conn.close()
+    return None
 
 
 class Service:

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from reliability_kit import PY_CLI, Service, retriever_service
+from reliability_kit import PY_CLI, Service, idle_connection_failure, retriever_service
 
 from llds.loadtest import LoadResult, run_load
 from llds_server.http import free_port
@@ -64,6 +64,12 @@ def services(tiny_model_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> 
         rollout.stop()
         if out := os.environ.get("LLDS_LOAD_REPORT"):
             Path(out).write_text(json.dumps(_REPORT, indent=2) + "\n")
+
+
+def test_idle_keep_alive_connections_are_kept_across_a_turn(services: dict[str, str]) -> None:
+    body = json.dumps({"queries": ["Kreixvelor Academy founder"], "topk": 1}).encode()
+    assert idle_connection_failure(services["retriever"], "POST", "/retrieve", body) is None
+    assert idle_connection_failure(services["rollout"], "GET", "/health") is None
 
 
 def test_256_concurrent_retrieve_clients(services: dict[str, str]) -> None:

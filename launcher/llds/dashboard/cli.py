@@ -36,9 +36,11 @@ def main(argv: list[str] | None = None) -> int:
     logging.getLogger("httpx").setLevel(logging.WARNING)  # one line per poll request is noise
     import uvicorn
 
+    from llds_server.http import uvicorn_config
+
     app = create_app(cfg)
     print(
         f"dashboard  http://{cfg.host}:{cfg.port}/  polling {', '.join(cfg.service_urls()) or 'no services'}"
     )
-    uvicorn.run(app, host=cfg.host, port=cfg.port, log_level="warning")
+    uvicorn.Server(uvicorn_config(app, cfg.host, cfg.port, log_level="warning")).run()
     return 0

@@ -12,6 +12,17 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+KEEP_ALIVE_S = 75
+"""Seconds a server keeps an idle keep-alive connection (uvicorn's default is 5). An agent holds its
+connection to the retriever across a generation turn, and a client under load can take seconds between
+reading one response and sending the next request: with 5 s the server closes the socket in that gap,
+and the request written into it fails with a reset (``ReadError``) instead of waiting its turn."""
+
+
+def uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Config:
+    """The uvicorn configuration every service serves with: :data:`KEEP_ALIVE_S` and ``kwargs``."""
+    return uvicorn.Config(app, host=host, port=port, timeout_keep_alive=KEEP_ALIVE_S, **kwargs)
+
 
 def free_port(host: str = "127.0.0.1") -> int:
     """An unused TCP port on ``host``."""
@@ -76,7 +87,7 @@ class BackgroundServer:
         self.host = host
         self.port = port or free_port(host)
         self.server = uvicorn.Server(
-            uvicorn.Config(app, host=host, port=self.port, log_level=log_level, lifespan="on")
+            uvicorn_config(app, host=host, port=self.port, log_level=log_level, lifespan="on")
         )
         self.thread = threading.Thread(target=self._serve, name=f"uvicorn-{self.port}", daemon=True)
 

@@ -146,6 +146,7 @@ def serve_main(argv: list[str]) -> int:
     import uvicorn
 
     from llds_retriever.app import create_app
+    from llds_server.http import uvicorn_config
 
     failed: list[BaseException] = []
     server: uvicorn.Server | None = None
@@ -157,7 +158,7 @@ def serve_main(argv: list[str]) -> int:
 
     app = create_app(config, on_load_error=on_load_error)
     server = uvicorn.Server(
-        uvicorn.Config(
+        uvicorn_config(
             app,
             host=config.host,
             port=config.port,

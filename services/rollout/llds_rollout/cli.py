@@ -66,15 +66,13 @@ def serve_main(argv: list[str]) -> int:
     import uvicorn
 
     from llds_rollout.app import create_app
+    from llds_server.http import uvicorn_config
     from llds_server.logs import uvicorn_log_config
 
-    uvicorn.run(
-        create_app(settings),
-        host=settings.host,
-        port=settings.port,
-        log_level="info",
-        log_config=uvicorn_log_config(),
-    )
+    app = create_app(settings)
+    uvicorn.Server(
+        uvicorn_config(app, settings.host, settings.port, log_level="info", log_config=uvicorn_log_config())
+    ).run()
     return 0
 
 
