@@ -402,10 +402,10 @@ def main(argv: list[str]) -> int:
         "n_recall": len(recall_qs),
         "recall": {},
     }
-    base_cfg = {"index_dir": index_dir, "device": "cpu", "torch_threads": args.torch_threads}
     dense = None
     for kind in ("bm25", "dense", "hybrid"):
-        loaded = load(RetrieverConfig(**base_cfg, type=kind))
+        knobs = {} if kind == "bm25" else {"device": "cpu", "torch_threads": args.torch_threads}
+        loaded = load(RetrieverConfig(index_dir=index_dir, backend={"type": kind, **knobs}))
         ids = [loaded.corpus.doc(r)["id"] for r in range(len(loaded.corpus))]
         report["recall"][kind] = recall(loaded.backend, ids, recall_qs)
         print(f"recall {kind}: {report['recall'][kind]}", flush=True)
@@ -418,7 +418,7 @@ def main(argv: list[str]) -> int:
     report["ceiling"] = encoder_ceiling(dense.encoder, load_queries, sizes, 1.0 if args.quick else 4.0)
     print(f"ceiling: {report['ceiling']}", flush=True)
 
-    env = {"LLDS_RETRIEVER_TORCH_THREADS": str(args.torch_threads), "HF_HUB_OFFLINE": "1"}
+    env = {"LLDS_RETRIEVER_BACKEND__TORCH_THREADS": str(args.torch_threads), "HF_HUB_OFFLINE": "1"}
     ours_argv = [
         sys.executable, "-m", "llds_retriever", "--index", str(index_dir), "--type", "dense",
         "--device", "cpu", "--cache-size", "0", "--max-wait-ms", str(args.max_wait_ms),

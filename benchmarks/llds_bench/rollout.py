@@ -234,13 +234,14 @@ def _has_gpu() -> bool:
 
 
 def _build_engine(args: argparse.Namespace, model: str) -> Any:
-    from llds_rollout.config import EngineSettings
+    from llds_rollout.config import TransformersEngineSettings, VLLMEngineSettings
     from llds_rollout.engine import build_engine
 
-    settings = EngineSettings(
-        type=args.engine, max_batch_size=args.batch, vllm_max_model_len=2048, torch_threads=args.threads
+    if args.engine == "vllm":
+        return build_engine(model, VLLMEngineSettings(max_batch_size=args.batch, max_model_len=2048))
+    return build_engine(
+        model, TransformersEngineSettings(max_batch_size=args.batch, torch_threads=args.threads)
     )
-    return build_engine(model, settings)
 
 
 async def _swap_during_rollout(

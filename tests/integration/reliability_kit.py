@@ -172,7 +172,9 @@ def retriever_service(log_dir: Path, port: int | None = None, name: str = "retri
     _, index = world_index()
     port = port or free_port()
     argv = [*PY_CLI, "retriever", "serve", "--index", str(index), "--port", str(port)]
-    return Service(name, argv, log_dir, {"LLDS_RETRIEVER_TORCH_THREADS": "1"}), f"http://127.0.0.1:{port}"
+    return Service(
+        name, argv, log_dir, {"LLDS_RETRIEVER_BACKEND__TORCH_THREADS": "1"}
+    ), f"http://127.0.0.1:{port}"
 
 
 class ForcedModel:

@@ -51,7 +51,7 @@ def vllm_groups(
 ) -> Iterator[list[TrajectoryGroup]]:
     url = redis_server.url
     redis.Redis.from_url(url).flushall()
-    engine = {"type": "vllm", "max_batch_size": 8, "vllm_max_model_len": 1024, "openai_api": False}
+    engine = {"type": "vllm", "max_batch_size": 8, "max_model_len": 1024, "openai_api": False}
     yield produce_groups(searcher_dir, engine, url, tmp_path_factory.mktemp("vllm"), 2, 400.0)
 
 

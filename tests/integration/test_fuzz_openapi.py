@@ -79,7 +79,7 @@ def retriever_url() -> Iterator[str]:
     from llds_server.http import BackgroundServer
 
     _, index = world_index()
-    with BackgroundServer(create_app(RetrieverConfig(index_dir=index, torch_threads=1))) as srv:
+    with BackgroundServer(create_app(RetrieverConfig(index_dir=index, backend={"torch_threads": 1}))) as srv:
         wait_for(lambda: httpx.get(f"{srv.url}/health").status_code == 200, 120, "retriever index load")
         yield srv.url
 

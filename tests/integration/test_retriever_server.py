@@ -53,7 +53,7 @@ class _Server:
     def __init__(self, *args: str):
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
-        env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLDS_RETRIEVER_TORCH_THREADS": "1"}
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "LLDS_RETRIEVER_BACKEND__TORCH_THREADS": "1"}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "llds_retriever", *args, "--host", "127.0.0.1", "--port", str(self.port)],
             env=env,

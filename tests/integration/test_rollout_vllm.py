@@ -17,7 +17,7 @@ import pytest
 import torch
 from safetensors.torch import save_file
 
-from llds_rollout.config import EngineSettings
+from llds_rollout.config import VLLMEngineSettings
 from llds_rollout.engine.base import GenerationRequest, WeightLoadError
 from llds_rollout.engine.hf import TransformersEngine
 from llds_rollout.weights import load_tensors, verify_published, write_marker
@@ -37,9 +37,7 @@ PROMPTS = ["who wrote hamlet?", "The capital of France is", "<search> a b c </se
 def engines(tiny_model_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
     from llds_rollout.engine.vllm import VLLMEngine
 
-    v = VLLMEngine(
-        str(tiny_model_dir), EngineSettings(type="vllm", max_batch_size=8, vllm_max_model_len=1024)
-    )
+    v = VLLMEngine(str(tiny_model_dir), VLLMEngineSettings(max_batch_size=8, max_model_len=1024))
     h = TransformersEngine(str(tiny_model_dir))
     v.start()
     h.start()

@@ -53,7 +53,7 @@ def service(
                 "engine": {
                     "type": "vllm",
                     "max_batch_size": 8,
-                    "vllm_max_model_len": 1024,
+                    "max_model_len": 1024,
                     "served_model_name": SERVED,
                 },
             }

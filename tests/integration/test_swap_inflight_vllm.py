@@ -121,7 +121,7 @@ def service(
                 "max_groups_in_flight": 2,
                 "max_staleness": 100,
                 "version_poll_s": 0.05,
-                "engine": {"type": "vllm", "max_batch_size": 16, "vllm_max_model_len": 1024,
+                "engine": {"type": "vllm", "max_batch_size": 16, "max_model_len": 1024,
                            "served_model_name": SERVED},
             }
         )  # fmt: skip

@@ -33,7 +33,7 @@ from transfer_fakes import Receiver
 
 from llds_proto.messages import WeightTransferInit, WeightTransferUpdate
 from llds_rollout.app import create_app
-from llds_rollout.config import EngineSettings, RolloutSettings
+from llds_rollout.config import RolloutSettings, VLLMEngineSettings
 from llds_rollout.engine.base import EngineError, GenerationRequest, GenerationResult, WeightLoadError
 from llds_rollout.engine.transfer import WeightTransferError
 from llds_server.http import BackgroundServer
@@ -47,7 +47,7 @@ pytestmark = [
 ]
 
 TOKEN = "nccl-token"
-NCCL = EngineSettings(type="vllm", weight_transfer="nccl", device="cuda", openai_api=False)
+NCCL = VLLMEngineSettings(weight_transfer="nccl", device="cuda", openai_api=False)
 
 
 @pytest.fixture(scope="module")
@@ -70,7 +70,7 @@ def test_engine_args_accept_our_weight_transfer_config(tiny_model_dir: Path) -> 
     args = AsyncEngineArgs(model=str(tiny_model_dir), weight_transfer_config=cfg)
     assert args.weight_transfer_config is cfg and cfg.backend == "nccl"
     assert cfg.backend in WeightTransferEngineFactory._registry
-    assert weight_transfer_config(EngineSettings(type="vllm")) is None
+    assert weight_transfer_config(VLLMEngineSettings()) is None
 
 
 def test_our_payloads_and_vllms_agree(model: Any) -> None:

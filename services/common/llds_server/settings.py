@@ -99,6 +99,53 @@ def union_variants(tp: Any) -> tuple[type[BaseModel], ...]:
     return tuple(out)
 
 
+def retyped(model: type[BaseModel], low: dict[str, Any], high: dict[str, Any]) -> dict[str, Any]:
+    """``low`` (a lower-precedence source's values) without what ``high`` makes meaningless.
+
+    Where ``high`` gives a :func:`typed_union` section another ``type`` than ``low`` (a TOML preset's
+    ``[engine]`` under ``--engine.type transformers``), ``low``'s keys the new variant does not declare
+    are dropped and the ones it shares are kept (the preset's ``max_batch_size``, not vLLM's
+    ``max_model_len``); deeper sections are treated the same way. A ``type`` no variant declares is
+    left for validation to name.
+    """
+    out = dict(low)
+    for name, info in model.model_fields.items():
+        lo, hi = low.get(name), high.get(name)
+        if isinstance(lo, str):
+            lo = {"type": lo}
+        if isinstance(hi, str):
+            hi = {"type": hi}
+        if not (isinstance(lo, dict) and isinstance(hi, dict)):
+            continue
+        variants = union_variants(info.annotation)
+        if variants:
+            default = variants[0].model_fields["type"].default
+            new_type = hi.get("type", lo.get("type", default))
+            new = next((v for v in variants if new_type in type_values(v)), None)
+            if new is None:
+                continue
+            if new_type != lo.get("type", default):
+                lo = {k: v for k, v in lo.items() if k in new.model_fields and k != "type"}
+            out[name] = retyped(new, lo, hi)
+        elif isinstance(info.annotation, type) and issubclass(info.annotation, BaseModel):
+            out[name] = retyped(info.annotation, lo, hi)
+    return out
+
+
+class _Retyped(PydanticBaseSettingsSource):
+    """A lower-precedence source seen through :func:`retyped` against the sources above it."""
+
+    def __init__(self, settings_cls: type[BaseSettings], inner: PydanticBaseSettingsSource):
+        super().__init__(settings_cls)
+        self.inner = inner
+
+    def get_field_value(self, field: Any, field_name: str) -> tuple[Any, str, bool]:
+        return self.inner.get_field_value(field, field_name)
+
+    def __call__(self) -> dict[str, Any]:
+        return retyped(self.settings_cls, self.inner(), self.current_state)
+
+
 class _TomlSource(PydanticBaseSettingsSource):
     def __init__(self, settings_cls: type[BaseSettings], data: dict[str, Any]):
         super().__init__(settings_cls)
@@ -126,9 +173,9 @@ class ServiceSettings(BaseSettings):
         file_secret_settings: PydanticBaseSettingsSource,
     ) -> tuple[PydanticBaseSettingsSource, ...]:
         data = _TOML_DATA.get()
-        sources: list[PydanticBaseSettingsSource] = [init_settings, env_settings]
+        sources: list[PydanticBaseSettingsSource] = [init_settings, _Retyped(settings_cls, env_settings)]
         if data:
-            sources.append(_TomlSource(settings_cls, data))
+            sources.append(_Retyped(settings_cls, _TomlSource(settings_cls, data)))
         return tuple(sources)
 
     @classmethod

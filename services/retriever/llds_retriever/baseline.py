@@ -42,9 +42,8 @@ def main(argv: list[str]) -> int:
     from llds_retriever.config import RetrieverConfig
     from llds_retriever.loader import load
 
-    config = RetrieverConfig(
-        index_dir=args.index, type=args.type, torch_threads=args.torch_threads, device="cpu", jit=args.jit
-    )
+    backend = {"type": args.type, "torch_threads": args.torch_threads, "device": "cpu", "jit": args.jit}
+    config = RetrieverConfig(index_dir=args.index, backend=backend)
     loaded = load(config)
     app = FastAPI()
 

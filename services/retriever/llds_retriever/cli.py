@@ -109,7 +109,12 @@ def serve_parser() -> argparse.ArgumentParser:
     add_settings_flags(
         p,
         RetrieverConfig,
-        aliases={"index_dir": ["--index"]},
+        aliases={
+            "index_dir": ["--index"],
+            "backend.type": ["--type"],
+            "backend.encoder": ["--encoder"],
+            "backend.device": ["--device"],
+        },
         config_help="TOML file (its [retriever] table, or the whole file)",
     )
     return p
@@ -124,7 +129,8 @@ def load_config(toml_path: Path | None, overrides: dict[str, Any]) -> RetrieverC
     section = None
     if toml_path is not None and toml_path.is_file():
         try:
-            if any(isinstance(v, dict) for v in tomllib.loads(toml_path.read_text()).values()):
+            data = tomllib.loads(toml_path.read_text())
+            if {k for k, v in data.items() if isinstance(v, dict)} - set(RetrieverConfig.model_fields):
                 section = "retriever"
         except tomllib.TOMLDecodeError as e:
             raise ConfigError(f"config file {toml_path} is not valid TOML: {e}") from e

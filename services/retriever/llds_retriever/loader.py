@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from llds_retriever.backends import Backend, BM25Backend, DenseBackend, HybridBackend, read_faiss
-from llds_retriever.config import RetrieverConfig
+from llds_retriever.config import AutoBackendConfig, DenseBackendConfig, RetrieverConfig
 from llds_retriever.corpus import CorpusStore
 from llds_retriever.encoders import load_encoder
 from llds_retriever.errors import CorpusError, IndexFormatError
@@ -30,78 +30,85 @@ class Loaded:
     source: dict[str, Any]
 
 
-def _use_gpu(config: RetrieverConfig) -> bool:
+def _use_gpu(section: DenseBackendConfig) -> bool:
     import faiss
 
     ngpu = faiss.get_num_gpus() if hasattr(faiss, "get_num_gpus") else 0
-    if config.device == "cuda" and ngpu == 0:
+    if section.device == "cuda" and ngpu == 0:
         raise IndexFormatError("device=cuda but FAISS sees no GPU (install faiss-gpu)")
-    return config.device != "cpu" and ngpu > 0
+    return section.device != "cpu" and ngpu > 0
 
 
-def _encoder(config: RetrieverConfig, dense_meta: dict[str, Any]) -> Any:
-    name = config.encoder or dense_meta["encoder"]
-    same = config.encoder is None or config.encoder == dense_meta.get("encoder")
+def _encoder(section: DenseBackendConfig, dense_meta: dict[str, Any]) -> Any:
+    name = section.encoder or dense_meta["encoder"]
+    same = section.encoder is None or section.encoder == dense_meta.get("encoder")
     return load_encoder(
         name,
-        pooling=config.pooling or (dense_meta.get("pooling") if same else None),
-        query_prefix=config.query_prefix
-        if config.query_prefix is not None
+        pooling=section.pooling or (dense_meta.get("pooling") if same else None),
+        query_prefix=section.query_prefix
+        if section.query_prefix is not None
         else (dense_meta.get("query_prefix") if same else None),
-        max_length=config.query_max_length,
-        device=config.device,
-        fp16=config.fp16,
-        torch_threads=config.torch_threads,
-        jit=config.jit,
+        max_length=section.query_max_length,
+        device=section.device,
+        fp16=section.fp16,
+        torch_threads=section.torch_threads,
+        jit=section.jit,
     )
 
 
-def _dense(config: RetrieverConfig, index_dir: Path, meta: dict[str, Any]) -> DenseBackend:
-    shards = [read_faiss(index_dir / s["file"], config.mmap) for s in meta["shards"]]
+def _faiss(section: DenseBackendConfig, encoder: Any, shards: list[Any], **kwargs: Any) -> DenseBackend:
+    return DenseBackend(
+        encoder,
+        shards,
+        use_gpu=_use_gpu(section),
+        fp16=section.fp16,
+        gpu_shard=section.gpu_shard,
+        ef_search=section.hnsw_ef_search,
+        nprobe=section.ivf_nprobe,
+        **kwargs,
+    )
+
+
+def _dense(section: DenseBackendConfig, index_dir: Path, meta: dict[str, Any], mmap: bool) -> DenseBackend:
+    shards = [read_faiss(index_dir / s["file"], mmap) for s in meta["shards"]]
     for s, info in zip(shards, meta["shards"], strict=True):
         if s.ntotal != info["rows"]:
             raise IndexFormatError(f"{info['file']} holds {s.ntotal} vectors, manifest says {info['rows']}")
-    return DenseBackend(
-        _encoder(config, meta),
-        shards,
-        offsets=[s["offset"] for s in meta["shards"]],
-        use_gpu=_use_gpu(config),
-        fp16=config.fp16,
-        gpu_shard=config.gpu_shard,
-        ef_search=config.hnsw_ef_search,
-        nprobe=config.ivf_nprobe,
-        index_type=meta["index_type"],
-    )
+    offsets = [s["offset"] for s in meta["shards"]]
+    return _faiss(section, _encoder(section, meta), shards, offsets=offsets, index_type=meta["index_type"])
 
 
-def _bm25_backend(config: RetrieverConfig, index_dir: Path, manifest: dict[str, Any]) -> Backend:
-    return BM25Backend(index_dir / manifest["bm25"]["dir"], mmap=config.mmap)
+def _bm25_backend(section: Any, index_dir: Path, manifest: dict[str, Any], mmap: bool) -> Backend:
+    return BM25Backend(index_dir / manifest["bm25"]["dir"], mmap=mmap)
 
 
-def _dense_backend(config: RetrieverConfig, index_dir: Path, manifest: dict[str, Any]) -> Backend:
-    return _dense(config, index_dir, manifest["dense"])
+def _dense_backend(section: Any, index_dir: Path, manifest: dict[str, Any], mmap: bool) -> Backend:
+    return _dense(section, index_dir, manifest["dense"], mmap)
 
 
-def _hybrid_backend(config: RetrieverConfig, index_dir: Path, manifest: dict[str, Any]) -> Backend:
+def _hybrid_backend(section: Any, index_dir: Path, manifest: dict[str, Any], mmap: bool) -> Backend:
     return HybridBackend(
-        _dense(config, index_dir, manifest["dense"]),
-        BM25Backend(index_dir / manifest["bm25"]["dir"], mmap=config.mmap),
-        dense_weight=config.hybrid_dense_weight,
-        bm25_weight=config.hybrid_bm25_weight,
-        rrf_k=config.rrf_k,
-        depth=config.hybrid_depth,
+        _dense(section, index_dir, manifest["dense"], mmap),
+        BM25Backend(index_dir / manifest["bm25"]["dir"], mmap=mmap),
+        dense_weight=section.dense_weight,
+        bm25_weight=section.bm25_weight,
+        rrf_k=section.rrf_k,
+        depth=section.depth,
     )
 
 
-_BACKENDS: dict[str, Callable[[RetrieverConfig, Path, dict[str, Any]], Backend]] = {
-    "bm25": _bm25_backend,
-    "dense": _dense_backend,
-    "hybrid": _hybrid_backend,
+_BACKENDS: dict[str, tuple[Callable[[Any, Path, dict[str, Any], bool], Backend], list[str]]] = {
+    "bm25": (_bm25_backend, ["bm25"]),
+    "dense": (_dense_backend, ["dense"]),
+    "hybrid": (_hybrid_backend, ["bm25", "dense"]),
 }
-"""Backend factory per ``type``."""
+"""``backend.type`` -> (its factory, the manifest parts it needs)."""
 
-_PARTS = {"bm25": ["bm25"], "dense": ["dense"], "hybrid": ["bm25", "dense"]}
-"""Manifest sections each ``type`` needs."""
+
+def backend_section(config: RetrieverConfig, kind: str) -> Any:
+    """The ``[backend]`` section for an index of ``kind``: ``auto`` resolved to it, else as given."""
+    section = config.backend
+    return section.resolve(kind) if isinstance(section, AutoBackendConfig) else section
 
 
 def load(config: RetrieverConfig) -> Loaded:
@@ -115,23 +122,18 @@ def load(config: RetrieverConfig) -> Loaded:
             raise CorpusError(
                 f"{config.faiss_index} holds {index.ntotal} vectors but {config.corpus} has {len(corpus)} rows"
             )
-        meta = {"encoder": config.encoder or SEARCH_R1_ENCODER}
-        backend: Backend = DenseBackend(
-            _encoder(config, meta),
-            [index],
-            use_gpu=_use_gpu(config),
-            fp16=config.fp16,
-            gpu_shard=config.gpu_shard,
-            ef_search=config.hnsw_ef_search,
-            nprobe=config.ivf_nprobe,
-        )
+        section = backend_section(config, "dense")
+        meta = {"encoder": section.encoder or SEARCH_R1_ENCODER}
+        backend: Backend = _faiss(section, _encoder(section, meta), [index])
         return Loaded(backend, corpus, {"faiss_index": str(config.faiss_index), "corpus": str(config.corpus)})
 
     assert config.index_dir is not None
     index_dir = config.index_dir
     manifest = read_manifest(index_dir)
-    kind = config.type or manifest["kind"]
-    for part in _PARTS[kind]:
+    section = backend_section(config, manifest["kind"])
+    kind = section.type
+    factory, parts = _BACKENDS[kind]
+    for part in parts:
         if part not in manifest:
             raise IndexFormatError(
                 f"{index_dir} was built as {manifest['kind']}; it cannot serve type={kind}"
@@ -142,7 +144,7 @@ def load(config: RetrieverConfig) -> Loaded:
         corpus = CorpusStore(config.corpus)
         if len(corpus) != manifest["num_docs"]:
             raise CorpusError(f"{config.corpus} has {len(corpus)} rows; the index has {manifest['num_docs']}")
-    backend = _BACKENDS[kind](config, index_dir, manifest)
+    backend = factory(section, index_dir, manifest, config.mmap)
     if backend.size != len(corpus):
         raise IndexFormatError(f"backend has {backend.size} rows, corpus {len(corpus)}")
     return Loaded(backend, corpus, {"index_dir": str(index_dir), "kind": kind})

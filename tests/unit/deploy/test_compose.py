@@ -167,9 +167,12 @@ def test_env_values_are_valid_config(gpu: dict) -> None:
     """The env file's engine settings and the passed env parse with the rollout's own config class."""
     import json
 
+    from pydantic import TypeAdapter
+
     from llds_rollout.config import EngineSettings
 
-    engine = EngineSettings(**json.loads(gpu["services"]["rollout"]["environment"]["LLDS_ROLLOUT_ENGINE"]))
+    raw = json.loads(gpu["services"]["rollout"]["environment"]["LLDS_ROLLOUT_ENGINE"])
+    engine = TypeAdapter(EngineSettings).validate_python(raw)
     assert engine.type == "vllm" and engine.dtype == "bfloat16"
 
 

@@ -236,7 +236,7 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
         'preset = "cpu"\narm = "grpo"\n'
         '[[setting]]\nname = "slow"\ntrainer = { optimizer = { lr = 5e-5 } }\n'
         '[[setting]]\nname = "fast"\ntrainer = { optimizer = { lr = 2e-4 } }\n'
-        "rollout = { max_tokens_per_turn = 48, engine = { max_batch_size = 8 } }\n"
+        "rollout = { max_tokens_per_turn = 48, engine = { kv_cache_gib = 2 } }\n"
     )
     out = tmp_path / "search"
     assert experiment.search_main(["--grid", str(grid), "--out", str(out), "--steps", "30"]) == 0
@@ -244,9 +244,9 @@ def test_search_runs_every_setting_with_merged_configs_and_tables_them(
     rollout = tomllib.loads((fast / "rollout_variant.toml").read_text())
     assert rollout["max_tokens_per_turn"] == 48 and rollout["engine"] == {
         **rollout["engine"],
-        "max_batch_size": 8,
+        "kv_cache_gib": 2,
     }
-    assert rollout["engine"]["vllm_max_model_len"] == 2048  # the preset's engine table merged, not replaced
+    assert rollout["engine"]["max_batch_size"] == 16  # the preset's engine table merged, not replaced
     trainer = tomllib.loads((fast / "trainer_variant.toml").read_text())
     assert (trainer["optimizer"], trainer["regularizer"], trainer["seed"]) == (
         {"lr": 2e-4, "warmup_steps": 5},  # the preset's warm-up kept: [optimizer] merged key by key

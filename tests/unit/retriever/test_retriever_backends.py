@@ -114,12 +114,12 @@ def test_bm25_ranks_and_drops_non_matching(hybrid_index: Path) -> None:
 
 
 def test_cuda_requested_without_gpu_is_an_error() -> None:
-    from llds_retriever.config import RetrieverConfig
+    from llds_retriever.config import DenseBackendConfig
     from llds_retriever.errors import IndexFormatError
     from llds_retriever.loader import _use_gpu
 
     if faiss.get_num_gpus() > 0:
         pytest.skip("a GPU is present")
-    assert _use_gpu(RetrieverConfig(device="auto")) is False
+    assert _use_gpu(DenseBackendConfig(device="auto")) is False
     with pytest.raises(IndexFormatError, match="no GPU"):
-        _use_gpu(RetrieverConfig(device="cuda"))
+        _use_gpu(DenseBackendConfig(device="cuda"))

@@ -42,15 +42,16 @@ def test_hybrid_index_layout_and_info(hybrid_index: Path, capsys: pytest.Capture
 
 @pytest.mark.parametrize("kind", ["bm25", "dense", "hybrid"])
 def test_every_backend_finds_the_obvious_passage(hybrid_index: Path, kind: str) -> None:
-    got = _ids(RetrieverConfig(index_dir=hybrid_index, type=kind, device="cpu"), QUERIES)
+    backend = {"type": kind} | ({} if kind == "bm25" else {"device": "cpu"})
+    got = _ids(RetrieverConfig(index_dir=hybrid_index, backend=backend), QUERIES)
     assert [g[0] for g in got] == ["d0", "d5", "d11", "d10"]
 
 
 def test_two_shards_equal_one_index(hybrid_index: Path, corpus_file: Path, tmp_path: Path) -> None:
     one = tmp_path / "one"
     build_index(BuildOptions(corpus=corpus_file, kind="dense", out=one, device="cpu", progress=False))
-    cfg1 = RetrieverConfig(index_dir=one, device="cpu")
-    cfg2 = RetrieverConfig(index_dir=hybrid_index, type="dense", device="cpu")
+    cfg1 = RetrieverConfig(index_dir=one, backend={"device": "cpu"})
+    cfg2 = RetrieverConfig(index_dir=hybrid_index, backend={"type": "dense", "device": "cpu"})
     l1, l2 = load(cfg1), load(cfg2)
     h1, h2 = l1.backend.search(QUERIES, 12), l2.backend.search(QUERIES, 12)
     assert (h1.rows == h2.rows).all()
@@ -66,7 +67,7 @@ def test_resume_reencodes_only_missing_chunks(hybrid_index: Path, corpus_file: P
     os.remove(chunks[1])
     (out / "manifest.json").unlink()  # as if the build had been interrupted
     with pytest.raises(IndexFormatError, match=r"no manifest\.json"):
-        load(RetrieverConfig(index_dir=out, device="cpu"))
+        load(RetrieverConfig(index_dir=out, backend={"device": "cpu"}))
     build_index(opts)
     for p in sorted((out / "embeddings").glob("chunk_*.npy")):
         mtime, arr = before[p.name]
@@ -85,7 +86,7 @@ def test_approximate_index_types(tmp_path: Path, index_type: str, corpus_writer:
     argv += ["--index-type", index_type, "--device", "cpu", "--no-progress", "--batch-size", "128"]
     assert index_main(argv) == 0
     assert read_manifest(out)["dense"]["index_type"] == index_type
-    got = _ids(RetrieverConfig(index_dir=out, device="cpu", ivf_nprobe=64), QUERIES, k=5)
+    got = _ids(RetrieverConfig(index_dir=out, backend={"device": "cpu", "ivf_nprobe": 64}), QUERIES, k=5)
     # Approximate search: the obvious passage is still in the top 5.
     for want, row in zip(["d0", "d5", "d11", "d10"], got, strict=True):
         assert want in row
@@ -99,12 +100,14 @@ def test_bare_faiss_index_and_corpus_like_search_r1(
     flat.add(vecs)
     path = tmp_path / "e5_Flat.index"
     faiss.write_index(flat, str(path))
-    cfg = RetrieverConfig(faiss_index=path, corpus=corpus_file, encoder="minilm", device="cpu")
+    cfg = RetrieverConfig(
+        faiss_index=path, corpus=corpus_file, backend={"encoder": "minilm", "device": "cpu"}
+    )
     assert [g[0] for g in _ids(cfg, QUERIES)] == ["d0", "d5", "d11", "d10"]
     short = tmp_path / "short.jsonl"
     short.write_text("".join(corpus_file.read_text().splitlines(keepends=True)[:5]))
     with pytest.raises(CorpusError, match="12 vectors"):
-        load(RetrieverConfig(faiss_index=path, corpus=short, encoder="minilm", device="cpu"))
+        load(RetrieverConfig(faiss_index=path, corpus=short, backend={"encoder": "minilm", "device": "cpu"}))
 
 
 def test_build_errors_are_clear(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -135,13 +138,13 @@ def test_wrong_type_for_index(hybrid_index: Path, tmp_path: Path, corpus_file: P
     out = tmp_path / "bm25only"
     build_index(BuildOptions(corpus=corpus_file, kind="bm25", out=out, progress=False))
     with pytest.raises(IndexFormatError, match="cannot serve type=dense"):
-        load(RetrieverConfig(index_dir=out, type="dense"))
+        load(RetrieverConfig(index_dir=out, backend="dense"))
 
 
 def test_corpus_override_at_serve_time(hybrid_index: Path, corpus_file: Path, tmp_path: Path) -> None:
-    cfg = RetrieverConfig(index_dir=hybrid_index, type="bm25", corpus=corpus_file)
+    cfg = RetrieverConfig(index_dir=hybrid_index, backend="bm25", corpus=corpus_file)
     assert [g[0] for g in _ids(cfg, QUERIES)] == ["d0", "d5", "d11", "d10"]
     short = tmp_path / "short.jsonl"
     short.write_text("".join(corpus_file.read_text().splitlines(keepends=True)[:3]))
     with pytest.raises(CorpusError, match="has 3 rows"):
-        load(RetrieverConfig(index_dir=hybrid_index, type="bm25", corpus=short))
+        load(RetrieverConfig(index_dir=hybrid_index, backend="bm25", corpus=short))

@@ -20,7 +20,7 @@ from test_rollout_scheduler import GatedEngine, _info, _producer, _until
 
 from llds_proto.messages import TrainerInfo
 from llds_proto.streams import DEFAULT_KEYS, DEFAULT_RUN_ID, TRAINER_GROUP, RunKeys
-from llds_rollout.config import EngineSettings, RolloutSettings
+from llds_rollout.config import RolloutSettings, VLLMEngineSettings
 from llds_rollout.scheduler import AdmissionInputs, decide
 from llds_rollout.service import RolloutService
 from llds_rollout.weights import write_marker
@@ -359,7 +359,7 @@ def test_service_catches_up_at_start_from_the_version_key(tokenizer: Any, tmp_pa
 
 def test_nccl_replicas_wait_for_the_broadcast(tokenizer: Any, tmp_path: Path) -> None:
     async def main() -> None:
-        engine_settings = EngineSettings(type="vllm", weight_transfer="nccl", device="cuda")
+        engine_settings = VLLMEngineSettings(weight_transfer="nccl", device="cuda")
         svc, engine = _service(tokenizer, tmp_path, engine=engine_settings)
         _publish_fake(tmp_path, 1)
         await svc.catch_up(1)

@@ -17,11 +17,16 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from pydantic import ValidationError
+from pydantic import TypeAdapter, ValidationError
 from rollout_fakes import ScriptedEngine
 
 from llds_rollout.app import create_app
-from llds_rollout.config import EngineSettings, RolloutSettings
+from llds_rollout.config import (
+    EngineSettings,
+    RolloutSettings,
+    TransformersEngineSettings,
+    VLLMEngineSettings,
+)
 from llds_rollout.engine.base import GenerationRequest, GenerationResult, WeightLoadError
 from llds_rollout.engine.transfer import (
     WeightTransferError,
@@ -32,7 +37,7 @@ from llds_rollout.engine.transfer import (
 TOKEN = "transfer-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 SPEC = {"model.embed_tokens.weight": [8, 4], "model.norm.weight": [4]}
-NCCL_ENGINE = EngineSettings(type="vllm", weight_transfer="nccl", device="cuda", openai_api=False)
+NCCL_ENGINE = VLLMEngineSettings(weight_transfer="nccl", device="cuda", openai_api=False)
 INIT = {"master_address": "10.0.0.1", "master_port": 29600, "rank_offset": 1, "world_size": 3}
 
 
@@ -163,7 +168,7 @@ def test_routes_are_403_without_a_configured_token(tiny_model_dir: Path, tokeniz
 def test_engine_without_the_capability_answers_409_naming_the_setting(
     tiny_model_dir: Path, tokenizer: Any, method: str, path: str, body: Any
 ) -> None:
-    s = settings(tiny_model_dir, engine=EngineSettings(type="transformers"))
+    s = settings(tiny_model_dir, engine=TransformersEngineSettings())
     with serve(s, ScriptedEngine(tokenizer, [])) as client:
         r = client.request(method, path, json=body, headers=AUTH)
     assert r.status_code == 409
@@ -174,7 +179,7 @@ def test_engine_without_the_capability_answers_409_naming_the_setting(
 def test_vllm_engine_started_for_folders_has_no_receiver() -> None:
     from llds_rollout.engine.vllm import VLLMEngine
 
-    folders = EngineSettings(type="vllm")
+    folders = VLLMEngineSettings()
     with pytest.raises(WeightTransferStateError, match=r"engine.weight_transfer = 'filesystem'"):
         collective_receiver(VLLMEngine("m", folders), folders)
     nccl = VLLMEngine("m", NCCL_ENGINE)
@@ -182,11 +187,14 @@ def test_vllm_engine_started_for_folders_has_no_receiver() -> None:
 
 
 def test_nccl_settings_need_vllm_on_a_gpu() -> None:
-    with pytest.raises(ValidationError, match=r"needs engine.type = 'vllm'"):
-        EngineSettings(type="transformers", weight_transfer="nccl", device="cuda")
+    engine = TypeAdapter(EngineSettings)
+    with pytest.raises(
+        ValidationError, match=r"transformers\.weight_transfer\n\s+Extra inputs are not permitted"
+    ):
+        engine.validate_python({"type": "transformers", "weight_transfer": "nccl", "device": "cuda"})
     with pytest.raises(ValidationError, match=r"set engine.device = 'cuda'"):
-        EngineSettings(type="vllm", weight_transfer="nccl")
-    assert EngineSettings().weight_transfer == "filesystem"
+        VLLMEngineSettings(weight_transfer="nccl")
+    assert engine.validate_python({}).weight_transfer == "filesystem"
 
 
 # ---------------------------------------------------------------------------- init

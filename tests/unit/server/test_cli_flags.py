@@ -447,12 +447,15 @@ def test_nested_dotted_flags_reach_the_nested_model_and_merge_with_toml_and_env(
     toml = tmp_path / "r.toml"
     toml.write_text('train = false\n[engine]\ndtype = "bfloat16"\nseed = 4\n')
     monkeypatch.setenv("LLDS_ROLLOUT_ENGINE", '{"seed": 5, "torch_threads": 2}')
-    s = _rollout(["--config", str(toml), "--engine.type", "transformers", "--engine.max-batch-size", "7",
-                  "--no-engine.openai-api"])  # fmt: skip
+    s = _rollout(["--config", str(toml), "--engine.type", "transformers", "--engine.max-batch-size", "7"])
     e = s.engine
-    assert (e.type, e.max_batch_size, e.openai_api) == ("transformers", 7, False)  # flags
+    assert (e.type, e.max_batch_size) == ("transformers", 7)  # flags
     assert (e.dtype, e.seed, e.torch_threads) == ("bfloat16", 5, 2)  # TOML, env over TOML
-    assert _rollout(["--config", str(toml)]).engine.type == "vllm"  # the default, untouched
+    monkeypatch.delenv("LLDS_ROLLOUT_ENGINE")
+    e = _rollout(["--config", str(toml), "--no-engine.openai-api", "--engine.max-model-len", "512"]).engine
+    assert (e.type, e.openai_api, e.max_model_len, e.seed) == ("vllm", False, 512, 4)  # the default type
+    with pytest.raises(ValidationError, match=r"engine\.transformers\.openai_api"):  # vLLM's field, not its
+        _rollout(["--config", str(toml), "--engine.type", "transformers", "--no-engine.openai-api"])
     overrides = settings_overrides(
         rollout_cli.serve_parser().parse_args(["--engine.seed", "1", "--port", "2"]), RolloutSettings
     )

@@ -1,12 +1,13 @@
 """Config precedence: defaults < TOML < environment < explicit overrides."""
 
 from pathlib import Path
+from typing import Any, Literal
 
 import pytest
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from llds_server.settings import ConfigError, ServiceSettings
+from llds_server.settings import ConfigError, ConfigModel, ServiceSettings, retyped, typed_union
 
 
 class _Cfg(ServiceSettings):
@@ -66,3 +67,52 @@ def test_written_config_loads_back_without_its_secrets(tmp_path: Path) -> None:
     assert "hunter2" not in text and "secret" not in text and "admin_token" not in text
     back = _Nested.load(path)
     assert back.max_tokens_per_turn == 9 and back.redis_url == "redis://:***@127.0.0.1:6379/0"
+
+
+class _Fast(ConfigModel):
+    type: Literal["fast"] = "fast"
+    """t"""
+    size: int = 1
+    """shared"""
+    turbo: bool = False
+    """fast's own"""
+
+
+class _Slow(ConfigModel):
+    type: Literal["slow"] = "slow"
+    """t"""
+    size: int = 1
+    """shared"""
+
+
+Part: Any = typed_union(_Fast, _Slow)
+
+
+class _Plain(ConfigModel):
+    part: Part = Field(default_factory=_Fast)
+    """a union inside a plain section"""
+
+
+class _Tree(ServiceSettings):
+    model_config = SettingsConfigDict(env_prefix="LLDS_TREE_", env_nested_delimiter="__", extra="forbid")
+    part: Part = Field(default_factory=_Fast)
+    """the union"""
+    plain: _Plain = Field(default_factory=_Plain)
+    """a plain section"""
+
+
+def test_a_source_that_retypes_a_section_drops_the_lower_sources_keys_the_new_type_lacks(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    toml = tmp_path / "t.toml"
+    toml.write_text("[part]\nsize = 3\nturbo = true\n[plain.part]\nsize = 4\nturbo = true\n")
+    t = _Tree.load(toml, {"part": {"type": "slow"}, "plain": {"part": {"type": "slow"}}})
+    assert (t.part.type, t.part.size) == ("slow", 3) and (t.plain.part.type, t.plain.part.size) == ("slow", 4)
+    monkeypatch.setenv("LLDS_TREE_PART", '{"type": "slow", "size": 5}')
+    t = _Tree.load(toml)
+    assert (t.part.type, t.part.size) == ("slow", 5)  # env over TOML, retyped the same way
+    back = _Tree.load(
+        toml, {"part": {"type": "fast"}}
+    ).part  # the env's shared size kept, the TOML's turbo again
+    assert back == _Fast(size=5, turbo=True)
+    assert retyped(_Tree, {"part": {"turbo": True}}, {"part": {"type": "nope"}}) == {"part": {"turbo": True}}

@@ -26,7 +26,7 @@ from transfer_fakes import Receiver
 
 from llds_proto import streams
 from llds_rollout.app import create_app
-from llds_rollout.config import EngineSettings, RolloutSettings
+from llds_rollout.config import RolloutSettings, VLLMEngineSettings
 from llds_rollout.engine.base import Engine
 from llds_server.http import BackgroundServer, free_port
 from llds_trainer.config import TrainerConfig
@@ -111,9 +111,9 @@ class FolderOnly(Receiver):
 
 def _replica(stack: ExitStack, model: Path, engine: Engine, nccl: bool = True) -> str:
     es = (
-        EngineSettings(type="vllm", weight_transfer="nccl", device="cuda", openai_api=False)
+        VLLMEngineSettings(weight_transfer="nccl", device="cuda", openai_api=False)
         if nccl
-        else EngineSettings(type="vllm", openai_api=False)
+        else VLLMEngineSettings(openai_api=False)
     )
     settings = RolloutSettings(model=str(model), train=False, admin_token=TOKEN, engine=es)
     srv = stack.enter_context(BackgroundServer(create_app(settings, engine)))

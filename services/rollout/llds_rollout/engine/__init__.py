@@ -20,21 +20,7 @@ __all__ = [
 
 
 def build_engine(model: str, settings: EngineSettings, initial_version: int = 0) -> Engine:
-    """The backend ``settings.type`` names; imports it lazily so the other backend's stack is not needed."""
-    if settings.type == "transformers":
-        from llds_rollout.engine.hf import TransformersEngine
-
-        return TransformersEngine(
-            model,
-            max_batch_size=settings.max_batch_size,
-            dtype=settings.dtype,
-            device=settings.device,
-            seed=settings.seed,
-            torch_threads=settings.torch_threads,
-            initial_version=initial_version,
-        )
-    if settings.type == "vllm":
-        from llds_rollout.engine.vllm import VLLMEngine
-
-        return VLLMEngine(model, settings, initial_version=initial_version)
-    raise ValueError(f"unknown engine type {settings.type!r}")
+    """The backend ``settings.type`` names, built by its settings class (which imports that backend
+    alone, so the other backend's stack is not needed)."""
+    engine: Engine = settings.build(model, initial_version)
+    return engine

@@ -61,8 +61,9 @@ def collective_receiver(engine: object, settings: EngineSettings) -> CollectiveR
     if getattr(engine, "transfer_enabled", False):
         return cast(CollectiveReceiver, engine)
     raise WeightTransferStateError(
-        f"this replica does not receive weights over NCCL (engine.type = {settings.type!r}, "
-        f"engine.weight_transfer = {settings.weight_transfer!r}): start it with "
+        f"this replica does not receive weights over NCCL (engine.type = {settings.type!r}"
+        + (f", engine.weight_transfer = {settings.weight_transfer!r}" if settings.type == "vllm" else "")
+        + "): start it with "
         "engine.type = 'vllm', engine.weight_transfer = 'nccl' and engine.device = 'cuda', or use the "
         "trainer's weight_sync = 'filesystem'"
     )

@@ -86,9 +86,7 @@ class VLLMEngine(Engine):
     def start(self) -> None:
         if self.settings.device == "cpu":
             # vLLM reads these at import; a user's explicit setting wins.
-            os.environ.setdefault(
-                "VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.settings.vllm_kv_cache_gib)))
-            )
+            os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(max(1, round(self.settings.kv_cache_gib))))
         try:
             import vllm  # noqa: F401
         except ImportError as e:
@@ -121,13 +119,13 @@ class VLLMEngine(Engine):
         args = AsyncEngineArgs(
             model=self.model_name,
             dtype=s.dtype,
-            max_model_len=s.vllm_max_model_len,
+            max_model_len=s.max_model_len,
             max_num_seqs=s.max_batch_size,
-            enforce_eager=s.vllm_enforce_eager,
+            enforce_eager=s.enforce_eager,
             seed=s.seed,
             logprobs_mode="processed_logprobs",
             enable_prefix_caching=True,
-            gpu_memory_utilization=s.vllm_gpu_memory_utilization,
+            gpu_memory_utilization=s.gpu_memory_utilization,
             disable_log_stats=False,  # vLLM's Prometheus metrics (vllm:*), served on /metrics
             worker_extension_cls="llds_rollout.engine.vllm_worker.WorkerExtension",
             weight_transfer_config=weight_transfer_config(s),
