@@ -85,6 +85,16 @@ def merged(cfg: dict[str, Any], overrides: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def refuse_moved(data: Any, moved: dict[str, str], what: str) -> Any:
+    """``data`` unchanged, or ValueError when it holds a key of an earlier release's layout: ``what``
+    (``"these trainer settings moved into sections"``) and each such key with where it is now."""
+    if isinstance(data, dict):
+        old = [f"{k} (now {moved[k]})" for k in data if k in moved]
+        if old:
+            raise ValueError(f"{what}: {', '.join(old)}")
+    return data
+
+
 def union_variants(tp: Any) -> tuple[type[BaseModel], ...]:
     """The variants of a :func:`typed_union` field's annotation (as pydantic stores it), else ``()``."""
     if typing.get_origin(tp) not in (Union, typing.get_origin(int | str)):

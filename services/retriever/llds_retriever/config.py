@@ -12,7 +12,7 @@ from pydantic import Field, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.messages import MAX_TOPK
-from llds_server.settings import ConfigModel, ServiceSettings, typed_union
+from llds_server.settings import ConfigModel, ServiceSettings, refuse_moved, typed_union
 
 Pooling = Literal["mean", "cls"]
 
@@ -146,11 +146,7 @@ class RetrieverConfig(ServiceSettings):
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            old = [f"{k} (now {MOVED[k]})" for k in data if k in MOVED]
-            if old:
-                raise ValueError(f"these retriever settings moved into [backend]: {', '.join(old)}")
-        return data
+        return refuse_moved(data, MOVED, "these retriever settings moved into [backend]")
 
     @model_validator(mode="after")
     def _one_source(self) -> RetrieverConfig:

@@ -10,7 +10,7 @@ from pydantic_settings import SettingsConfigDict
 
 from llds_proto.reward import RewardKind
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
-from llds_server.settings import ConfigModel, ServiceSettings, typed_union
+from llds_server.settings import ConfigModel, ServiceSettings, refuse_moved, typed_union
 
 if TYPE_CHECKING:
     from llds_rollout.engine.base import Engine
@@ -66,11 +66,9 @@ class VLLMEngineSettings(_EngineCommon):
     @model_validator(mode="before")
     @classmethod
     def _renamed(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            old = [f"{k} (now {k.removeprefix('vllm_')})" for k in data if k in _RENAMED]
-            if old:
-                raise ValueError(f"these engine settings were renamed: {', '.join(old)}")
-        return data
+        return refuse_moved(
+            data, {k: k.removeprefix("vllm_") for k in _RENAMED}, "these engine settings were renamed"
+        )
 
     @model_validator(mode="after")
     def _nccl_needs_a_gpu(self) -> VLLMEngineSettings:

@@ -17,7 +17,7 @@ from pydantic import Field, field_validator, model_validator
 from pydantic_settings import SettingsConfigDict
 
 from llds_proto.streams import DEFAULT_RUN_ID, check_run_id
-from llds_server.settings import ConfigModel, ServiceSettings, typed_union
+from llds_server.settings import ConfigModel, ServiceSettings, refuse_moved, typed_union
 from llds_trainer.regularizers import RegularizerConfig
 from llds_trainer.regularizers.llds import LLDSConfig
 
@@ -333,11 +333,7 @@ class TrainerConfig(ServiceSettings):
     @model_validator(mode="before")
     @classmethod
     def _moved(cls, data: Any) -> Any:
-        if isinstance(data, dict):
-            old = [f"{k} (now {MOVED[k]})" for k in data if k in MOVED]
-            if old:
-                raise ValueError(f"these trainer settings moved into sections: {', '.join(old)}")
-        return data
+        return refuse_moved(data, MOVED, "these trainer settings moved into sections")
 
     @field_validator("run_id")
     @classmethod
