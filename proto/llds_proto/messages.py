@@ -148,7 +148,11 @@ class AnswerResponse(BaseModel):
     turns: list[AnswerTurn]
     """The conversation, turn by turn."""
     weights_version: int
-    """Policy version that produced every token of this answer."""
+    """Oldest policy version that produced a token of this answer (every token, unless
+    ``weights_versions`` names more than one)."""
+    weights_versions: list[int] = Field(default_factory=list)
+    """Every policy version that produced a token of this answer, ascending: one under the rollout's
+    ``answer_consistency = "version"``, possibly more under ``"latest"`` (a swap reached it in flight)."""
     latency_s: float
     """Server-side wall time."""
     request_id: str | None = None

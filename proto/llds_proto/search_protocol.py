@@ -176,15 +176,21 @@ class TrajectoryBuilder:
     versions: list[int] = field(default_factory=list)
     action_spans: list[tuple[int, int]] = field(default_factory=list)
 
-    def add_generated(self, ids: Sequence[int], logprobs: Sequence[float], version: int) -> tuple[int, int]:
-        """Append one assistant turn; returns its span."""
+    def add_generated(
+        self, ids: Sequence[int], logprobs: Sequence[float], version: int | Sequence[int]
+    ) -> tuple[int, int]:
+        """Append one assistant turn; returns its span. ``version``: the one that sampled every token,
+        or one per token (a turn that a weight swap reached while it ran)."""
         if len(ids) != len(logprobs):
             raise ValueError(f"{len(ids)} token ids but {len(logprobs)} logprobs")
+        versions = [version] * len(ids) if isinstance(version, int) else [int(v) for v in version]
+        if len(versions) != len(ids):
+            raise ValueError(f"{len(ids)} token ids but {len(versions)} versions")
         start = len(self.response_ids)
         self.response_ids.extend(int(i) for i in ids)
         self.logprobs.extend(float(x) for x in logprobs)
         self.loss_mask.extend([1] * len(ids))
-        self.versions.extend([version] * len(ids))
+        self.versions.extend(versions)
         span = (start, len(self.response_ids))
         if ids:
             self.action_spans.append(span)

@@ -119,3 +119,66 @@ def test_reload_weights_in_place(engines: Any, tiny_model_dir: Path, tmp_path: P
     with pytest.raises(WeightLoadError, match="does not match"):
         asyncio.run(v.update_weights(bad, pub.folder, 2))
     assert v.version == 1 and _run(v, [req])[0].token_ids == a.token_ids
+
+
+def _publish_perturbed(h: TransformersEngine, root: Path, version: int, seed: int) -> Any:
+    folder = root / f"v{version:06d}"
+    folder.mkdir(parents=True)
+    torch.manual_seed(seed)
+    sd = {
+        k: (t + 0.05 * torch.randn_like(t)).contiguous()
+        for k, t in h.model.state_dict().items()
+        if k != "lm_head.weight"
+    }
+    save_file(sd, str(folder / "model.safetensors"))
+    write_marker(folder, version)
+    return verify_published(root, folder.name, version)
+
+
+@pytest.mark.parametrize(
+    ("mode", "recompute_kv"), [("inflight", False), ("inflight", True), ("abort", False)]
+)
+def test_a_swap_reaches_a_running_request_and_each_token_records_the_version_that_sampled_it(
+    engines: Any, tmp_path: Path, mode: str, recompute_kv: bool
+) -> None:
+    """Tokens before the swap are the old weights' own (greedy: the same ids and log-probs as a run
+    without a swap); from the recorded boundary on they come from the new weights: exactly so where
+    the cache is recomputed (abort, inflight + recompute_kv), judged by the transformers backend
+    holding the new weights."""
+    v, h = engines
+    n = 300
+    v0 = v.version
+    pub = _publish_perturbed(h, tmp_path, v0 + 1, seed=v0)
+    tensors = load_tensors(pub)
+    req = GenerationRequest(h.tokenizer.encode(PROMPTS[1]), max_tokens=n, temperature=0.0)
+    (alone,) = _run(v, [req])
+    v.settings = v.settings.model_copy(update={"swap_mode": mode, "recompute_kv": recompute_kv})
+
+    async def main() -> Any:
+        start = v.stats()["generated_tokens"]
+        running = asyncio.create_task(v.generate(req))
+        while v.stats()["generated_tokens"] < start + 30:
+            assert not running.done(), "the request ended before the swap"
+            await asyncio.sleep(0.002)
+        await v.update_weights(tensors, pub.folder, v0 + 1)
+        return await running
+
+    try:
+        res = asyncio.run(main())
+    finally:
+        v.settings = v.settings.model_copy(update={"swap_mode": "drain", "recompute_kv": False})
+    assert v0 + 1 in res.versions, "the swap waited for the request (drain behaviour)"
+    k = res.versions.index(v0 + 1)
+    assert 30 <= k < n and res.versions == [v0] * k + [v0 + 1] * (n - k) and res.version == v0
+    assert res.token_ids[:k] == alone.token_ids[:k]
+    assert max(abs(x - y) for x, y in zip(res.logprobs[:k], alone.logprobs[:k], strict=True)) < 1e-3
+    asyncio.run(h.update_weights(tensors, pub.folder, v0 + 1))
+    with torch.no_grad():
+        logits = h.model(input_ids=torch.tensor([req.prompt_ids + res.token_ids])).logits[0].float()
+    ref = torch.log_softmax(logits, -1)
+    new = [ref[len(req.prompt_ids) - 1 + i, t].item() for i, t in enumerate(res.token_ids)][k:]
+    gap = max(abs(x - y) for x, y in zip(res.logprobs[k:], new, strict=True))
+    if mode == "abort" or recompute_kv:
+        assert gap < 1e-3
+    else:  # the old weights' cache goes on: close to the new weights, not the old ones
+        assert res.logprobs[k] != pytest.approx(alone.logprobs[k], abs=1e-3)

@@ -1,5 +1,6 @@
 """Weight swaps on the vLLM engine with `/answer`, `/answer/stream`, `/v1` and training-group
-production in flight at once: what the README's one-version guarantee covers, exactly as tested.
+production in flight at once: what the README's one-version guarantee covers, exactly as tested,
+under the ``drain`` swap mode and under ``inflight`` (with the KV cache recomputed).
 
 Each published version is a copy of the tiny model fine-tuned to its own search query and its own
 answer (``VERSIONS``), so a greedy answer names the version of each of its turns: turn 1's query is
@@ -9,9 +10,12 @@ would be off by nats, not by float32 rounding.
 
 - `/answer` and `/answer/stream`: 0 failures; every turn of a response comes from the version the
   response reports (``weights_version``; the stream's ``done`` event, its ``turn`` events equal).
-- Training trajectories: the version is constant within each engine call (one assistant turn) and
-  is the one that sampled it (log-probs equal the trainer's under that version); it may change
-  between turns, never backwards (the design: versions are recorded per token).
+- Training trajectories: every token's recorded version is the one that sampled it (log-probs equal
+  the trainer's under that version); under ``drain`` it is constant within each engine call (one
+  assistant turn), under ``inflight`` a turn may change version once the swap reaches it; versions
+  never go backwards (the design: versions are recorded per token).
+- ``answer_consistency = "latest"`` (inflight): swaps do not wait for answers; an answer's
+  ``weights_versions`` names every version its turns show.
 - `/v1` (vLLM's OpenAI routes): requests in flight during a swap are frozen, not dropped, and finish
   on the new weights: the tokens before the swap come from the old version, those after from the
   new one. Such a response has no single version (and carries none).
@@ -23,6 +27,7 @@ skips it. One engine start (~1 min).
 from __future__ import annotations
 
 import importlib.util
+import itertools
 import json
 import threading
 import time
@@ -92,9 +97,12 @@ def publish(root: Path, weights: list[Path], version: int) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="module", params=["drain", "inflight"])
 def service(
-    weights: list[Path], redis_server: Any, tmp_path_factory: pytest.TempPathFactory
+    request: pytest.FixtureRequest,
+    weights: list[Path],
+    redis_server: Any,
+    tmp_path_factory: pytest.TempPathFactory,
 ) -> Iterator[dict[str, Any]]:
     from llds_rollout.app import create_app
     from llds_rollout.config import RolloutSettings
@@ -122,12 +130,13 @@ def service(
                 "max_staleness": 100,
                 "version_poll_s": 0.05,
                 "engine": {"type": "vllm", "max_batch_size": 16, "max_model_len": 1024,
-                           "served_model_name": SERVED},
+                           "served_model_name": SERVED, "swap_mode": request.param,
+                           "recompute_kv": request.param == "inflight"},
             }
         )  # fmt: skip
         with BackgroundServer(create_app(settings)) as srv:
             _wait(lambda: httpx.get(f"{srv.url}/health").status_code == 200, 400.0, "vLLM engine load")
-            yield {"url": srv.url, "root": root, "redis": url}
+            yield {"url": srv.url, "root": root, "redis": url, "mode": request.param, "settings": settings}
 
 
 def _version(url: str) -> int:
@@ -246,11 +255,56 @@ def test_swaps_under_load_keep_every_answer_and_every_turn_on_one_version(
     print(f"\n{len(answers)} /answer, {len(streams)} /answer/stream, {len(v1)} /v1 across swaps to {swapped}")
 
     # training groups sampled across the swaps: one version per engine call, the one that sampled it
-    groups = [decode_group(f[b"group"]) for _, f in r.xrange(DEFAULT_KEYS.stream)]
-    check_training_turns(groups, weights, tmp_path)
+    groups = [decode_group(f[b"group"]) for _, f in r.xrange(DEFAULT_KEYS.stream, min=_after(first_entry, r))]
+    check_training_turns(groups, weights, tmp_path, one_version_per_turn=service["mode"] == "drain")
 
 
-def check_training_turns(groups: list[TrajectoryGroup], weights: list[Path], tmp: Path) -> None:
+def _after(n: int, r: Any) -> str:
+    """Stream id of the ``n``-th entry (0-based) onwards: this test's own groups."""
+    entries = r.xrange(DEFAULT_KEYS.stream, count=n + 1)
+    return entries[n][0].decode() if len(entries) > n else "-"
+
+
+def test_latest_answers_do_not_hold_swaps_and_name_every_version_they_span(
+    service: dict[str, Any], weights: list[Path]
+) -> None:
+    if service["mode"] != "inflight":
+        pytest.skip("answer_consistency = latest is exercised with the inflight swap mode")
+    url, settings = service["url"], service["settings"]
+    settings.answer_consistency = "latest"
+    stop = threading.Event()
+    answers: list[httpx.Response] = []
+
+    def loop() -> None:
+        while not stop.is_set():
+            answers.append(httpx.post(f"{url}/answer", json={"question": QUESTION}, timeout=300))
+
+    clients = [threading.Thread(target=loop) for _ in range(3)]
+    for c in clients:
+        c.start()
+    try:
+        for _ in range(6):
+            time.sleep(0.7)
+            _swap(service, weights)
+    finally:
+        stop.set()
+        for c in clients:
+            c.join(300)
+        settings.answer_consistency = "version"
+    assert answers and all(a.status_code == 200 for a in answers), [a.text for a in answers][:3]
+    spanning = 0
+    for body in (a.json() for a in answers):
+        vs = body["weights_versions"]
+        assert vs == sorted(set(vs)) and body["weights_version"] == vs[0], body
+        first = VERSIONS[vs[0] % len(VERSIONS)][0]  # turn 1 was sampled by the oldest version
+        assert body["turns"][0]["search_query"] == first or len(vs) > 1, body
+        spanning += len(vs) > 1
+    print(f"\n{len(answers)} /answer under answer_consistency=latest, {spanning} spanning two versions")
+
+
+def check_training_turns(
+    groups: list[TrajectoryGroup], weights: list[Path], tmp: Path, one_version_per_turn: bool = True
+) -> None:
     from llds_trainer.batch import samples_from_groups
     from llds_trainer.core import Trainer
 
@@ -260,10 +314,12 @@ def check_training_turns(groups: list[TrajectoryGroup], weights: list[Path], tmp
         turns = runs(s.loss_mask, 1)
         vs = []
         for a, e in turns:
-            assert len(set(s.versions[a:e])) == 1, f"one engine call, versions {set(s.versions[a:e])}"
-            vs.append(s.versions[a])
-            spans.append((i, a, e, s.versions[a]))
-        assert vs == sorted(vs), f"versions go backwards between turns: {vs}"
+            if one_version_per_turn:
+                assert len(set(s.versions[a:e])) == 1, f"one engine call, versions {set(s.versions[a:e])}"
+            for a2, e2 in version_runs(s.versions, a, e):
+                vs.append(s.versions[a2])
+                spans.append((i, a2, e2, s.versions[a2]))
+        assert vs == sorted(vs), f"versions go backwards: {vs}"
     scored = {
         k: Trainer(trainer_config(w, tmp / f"t{k}")).scorer.score(samples, entropy=False, ref=False)[0]
         for k, w in enumerate(weights)
@@ -276,8 +332,18 @@ def check_training_turns(groups: list[TrajectoryGroup], weights: list[Path], tmp
         assert float(d) <= tol_max, f"turn of version {v}: max |delta| {float(d):.2e} under its own weights"
     versions = {v for *_, v in spans}
     crossing = sum(1 for s in samples if len({s.versions[a] for a, _ in runs(s.loss_mask, 1)}) > 1)
+    inside = sum(
+        1 for s in samples for a, e in runs(s.loss_mask, 1) if len(version_runs(s.versions, a, e)) > 1
+    )
     print(
         f"{len(samples)} training trajectories, versions {sorted(versions)}, {crossing} with turns of two "
-        f"versions, max |delta| under the recorded version {worst:.2e}"
+        f"versions, {inside} turns a swap reached in flight, max |delta| under the recorded version {worst:.2e}"
     )
     assert len(versions) >= 3
+
+
+def version_runs(versions: list[int], a: int, e: int) -> list[tuple[int, int]]:
+    """``[a, e)`` cut where the recorded version changes."""
+    cuts = [i for i in range(a + 1, e) if versions[i] != versions[i - 1]]
+    bounds = [a, *cuts, e]
+    return list(itertools.pairwise(bounds))

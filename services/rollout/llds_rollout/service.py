@@ -302,7 +302,8 @@ class RolloutService:
         assert self.searcher is not None
         t0 = time.perf_counter()
         request_id = uuid.uuid4().hex[:12]
-        async with self._gate.read():
+        consistent = self.settings.answer_consistency == "version"
+        async with self._gate.read() if consistent else contextlib.nullcontext():
             ep = await run_episode(
                 self.engine,
                 self.searcher,
@@ -316,7 +317,7 @@ class RolloutService:
         self.metrics.observe_episode(ep, "answer")
         latency = time.perf_counter() - t0
         self.metrics.answer_latency.observe(latency)
-        versions = {g.version for g in ep.generations}
+        versions = sorted({v for g in ep.generations for v in g.versions} or {self.engine.version})
         log.info(
             "answer request_id=%s turns=%d searches=%d version=%s latency_s=%.2f",
             request_id,
@@ -328,7 +329,8 @@ class RolloutService:
         return AnswerResponse(
             answer=ep.trajectory.answer,
             turns=ep.turns,
-            weights_version=min(versions),
+            weights_version=versions[0],
+            weights_versions=versions,
             latency_s=latency,
             request_id=request_id,
         )

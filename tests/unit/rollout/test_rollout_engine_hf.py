@@ -163,3 +163,49 @@ def test_requests_fail_clearly_when_not_loaded(tiny_model_dir: Path) -> None:
     e = TransformersEngine(str(tiny_model_dir))
     with pytest.raises(EngineError, match="not loaded"):
         asyncio.run(e.generate(GenerationRequest([1, 2], max_tokens=2)))
+
+
+def _forward_logprobs(engine: TransformersEngine, prompt: list[int], ids: list[int]) -> list[float]:
+    with torch.no_grad():
+        logits = engine.model(input_ids=torch.tensor([prompt + ids])).logits[0]
+    ref = torch.log_softmax(logits.float(), -1)
+    return [ref[len(prompt) - 1 + i, t].item() for i, t in enumerate(ids)]
+
+
+@pytest.mark.parametrize("mode", ["inflight", "abort"])
+def test_a_swap_reaches_running_requests_and_every_token_records_its_version(
+    engine: TransformersEngine, mode: str
+) -> None:
+    tok = engine.tokenizer
+    prompt = tok.encode("swap me while you talk")
+    n = 160
+    old = {k: v.clone() for k, v in engine.model.state_dict().items() if k != "lm_head.weight"}
+    new = {k: v + 0.05 * torch.randn_like(v) for k, v in old.items()}
+    v0 = engine.version
+    alone = _gen(engine, [GenerationRequest(prompt, max_tokens=n, temperature=0.0)])[0]
+
+    async def main() -> Any:
+        start = engine.stats()["generated_tokens"]
+        running = asyncio.create_task(
+            engine.generate(GenerationRequest(prompt, max_tokens=n, temperature=0.0))
+        )
+        while engine.stats()["generated_tokens"] < start + 20:  # well into the request
+            await asyncio.sleep(0.001)
+        await engine.update_weights(new, Path("."), version=v0 + 1)
+        return await running
+
+    engine.swap_mode = mode
+    try:
+        res = asyncio.run(main())
+        k = res.versions.index(v0 + 1)  # the first token the new weights sampled
+        assert 20 <= k < n and res.versions == [v0] * k + [v0 + 1] * (n - k) and res.version == v0
+        assert res.token_ids[:k] == alone.token_ids[:k]  # greedy: the old weights' own tokens
+        assert res.logprobs[:k] == pytest.approx(alone.logprobs[:k], abs=1e-4)
+        after = _forward_logprobs(engine, prompt, res.token_ids)[k:]  # under the new weights
+        if mode == "abort":  # resumed from its last token: its cache recomputed, exact under v0 + 1
+            assert res.logprobs[k:] == pytest.approx(after, abs=1e-4)
+        else:  # continued at once on the old weights' cache: the new weights, not the old ones
+            assert res.logprobs[k] != pytest.approx(alone.logprobs[k], abs=1e-4)
+    finally:
+        engine.swap_mode = "drain"
+        asyncio.run(engine.update_weights(old, Path("."), version=engine.version + 1))

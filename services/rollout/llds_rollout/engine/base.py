@@ -2,8 +2,11 @@
 
 A backend takes token-id prompts and returns the token ids it sampled with their sampling
 log-probs and the weights version that sampled them. Requests from many concurrent conversations
-are batched by the backend; a weight swap happens between requests, never inside one, so every
-token of one result comes from a single version.
+are batched by the backend. How a weight swap meets running requests is the engine's ``swap_mode``:
+``drain`` swaps between requests (every token of a result comes from one version), ``inflight``
+pauses between decoding steps and lets running requests continue on the new weights, ``abort``
+stops them and resumes them from their last token on the new weights; the last two record, for
+every token, the version that sampled it.
 """
 
 from __future__ import annotations
@@ -50,10 +53,18 @@ class GenerationResult:
     """Log-prob of each sampled token under the distribution it was sampled from: softmax of the
     temperature-scaled logits renormalised over the top-p nucleus (raw logits when greedy)."""
     version: int
-    """Weights version that produced every token of this result."""
+    """Weights version the request started on (that produced its first token)."""
     finish_reason: FinishReason
     stop_str: str | None = None
     timings: dict[str, float] = field(default_factory=dict)
+    token_versions: list[int] = field(default_factory=list)
+    """Version that sampled each token (a swap in ``inflight`` or ``abort`` mode may fall inside a
+    request); empty means ``version`` for every token."""
+
+    @property
+    def versions(self) -> list[int]:
+        """One version per token."""
+        return self.token_versions or [self.version] * len(self.token_ids)
 
 
 class Engine(abc.ABC):

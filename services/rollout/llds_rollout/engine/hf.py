@@ -6,9 +6,12 @@ cache), runs one decode step for every running row, and retires rows that hit a 
 their token budget. The loop is our own rather than ``model.generate`` so that the sampled ids, their
 log-probs and the stop rule are exactly ours, and so that rows can join and leave between steps.
 
-A weight swap is a command in the same queue: admission stops, running rows finish on the old
-weights, the tensors are copied in, the version bumps, admission resumes. No request ever sees two
-versions.
+A weight swap is a command in the same queue, applied between two decode steps as ``swap_mode``
+says: ``drain`` stops admission until the running rows finish on the old weights (no request sees
+two versions); ``inflight`` copies the tensors in at once and the running rows go on with their cache
+as it is; ``abort`` copies them in and re-admits every running row with its generated tokens appended
+to its prompt, so its cache is recomputed under the new weights. Every token records the version
+that sampled it.
 """
 
 from __future__ import annotations
@@ -50,6 +53,7 @@ class _Row:
     version: int
     ids: list[int] = field(default_factory=list)
     lps: list[float] = field(default_factory=list)
+    vs: list[int] = field(default_factory=list)
     finish: FinishReason | None = None
     stop_str: str | None = None
     t_submit: float = 0.0
@@ -140,6 +144,7 @@ class TransformersEngine(Engine):
         seed: int = 0,
         torch_threads: int = 0,
         initial_version: int = 0,
+        swap_mode: str = "drain",
     ) -> None:
         super().__init__()
         self.model_name = model
@@ -148,6 +153,7 @@ class TransformersEngine(Engine):
         self.device = torch.device(device)
         self._version = initial_version
         self.torch_threads = torch_threads
+        self.swap_mode = swap_mode
         self._generator = torch.Generator(device=self.device).manual_seed(seed)
         self._queue: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -248,8 +254,11 @@ class TransformersEngine(Engine):
                     swap = it
                 else:
                     waiting.append(it)
-            if swap is not None and not running:
-                self._apply_swap(swap)
+            if swap is not None and (not running or self.swap_mode != "drain"):
+                if self._apply_swap(swap) and self.swap_mode == "abort" and running:
+                    # Each live row continues from its last token: re-prefilled under the new weights.
+                    waiting.extendleft(reversed([r for r in running if _alive(r)]))
+                    running, batch = [], {}
                 swap = None
             try:
                 # A cancelled caller (its asyncio task was cancelled) needs no tokens.
@@ -275,7 +284,8 @@ class TransformersEngine(Engine):
                         r.fut.set_exception(EngineError(f"engine step failed: {e}"))
                 running, batch = [], {}
 
-    def _apply_swap(self, swap: _Swap) -> None:
+    def _apply_swap(self, swap: _Swap) -> bool:
+        """Copy the tensors in and serve them as ``swap.version``; False (the future failed) if not."""
         t0 = time.perf_counter()
         try:
             sd = self.model.state_dict()
@@ -285,27 +295,29 @@ class TransformersEngine(Engine):
         except Exception as e:
             if not swap.fut.done():
                 swap.fut.set_exception(WeightLoadError(f"copying weights failed: {e}"))
-            return
+            return False
         self._version = swap.version
         log.info("weights swapped version=%d copy_s=%.3f", swap.version, time.perf_counter() - t0)
         if not swap.fut.done():
             swap.fut.set_result(None)
+        return True
 
     @torch.no_grad()
     def _admit(self, running: list[_Row], batch: dict[str, Any], new: list[_Row]) -> tuple[list[_Row], dict]:
         t0 = time.perf_counter()
         for r in new:
-            r.version = self._version
-            r.t_start = t0
+            if not r.ids:  # a row re-admitted by an abort swap keeps its start
+                r.version = self._version
+                r.t_start = t0
         # Prompts are prefilled in chunks of similar length: left padding inside a chunk is computed
         # for nothing, and prompt lengths here range from a bare question to a 4k-token context.
-        new.sort(key=lambda r: len(r.req.prompt_ids))
+        new.sort(key=lambda r: len(r.req.prompt_ids) + len(r.ids))
         parts: list[dict[str, Any]] = []
         chunk: list[_Row] = []
         for r in new:
-            longest = len(r.req.prompt_ids)
+            longest = len(r.req.prompt_ids) + len(r.ids)
             if chunk and longest * (len(chunk) + 1) > 1.25 * (
-                sum(len(c.req.prompt_ids) for c in chunk) + longest
+                sum(len(c.req.prompt_ids) + len(c.ids) for c in chunk) + longest
             ):
                 parts.append(self._prefill(chunk))
                 chunk = []
@@ -318,11 +330,11 @@ class TransformersEngine(Engine):
         return self._retire(running + new, new_batch)
 
     def _prefill(self, rows: list[_Row]) -> dict[str, Any]:
-        n = max(len(r.req.prompt_ids) for r in rows)
+        n = max(len(r.req.prompt_ids) + len(r.ids) for r in rows)
         ids = torch.full((len(rows), n), self._pad, dtype=torch.long)
         mask = torch.zeros((len(rows), n), dtype=torch.long)
         for i, r in enumerate(rows):
-            p = r.req.prompt_ids
+            p = r.req.prompt_ids + r.ids  # a re-admitted row: its prompt and what it has generated
             ids[i, n - len(p) :] = torch.tensor(p, dtype=torch.long)
             mask[i, n - len(p) :] = 1
         pos = (mask.cumsum(-1) - 1).clamp(min=0)
@@ -367,6 +379,7 @@ class TransformersEngine(Engine):
                 continue
             r.ids.append(int(tok))
             r.lps.append(float(lp))
+            r.vs.append(self._version)
             self._stats["generated_tokens"] += 1
             if tok in self._eos:
                 r.finish = "eos"
@@ -391,6 +404,7 @@ class TransformersEngine(Engine):
                         finish_reason=r.finish,
                         stop_str=r.stop_str,
                         timings={"queue_s": r.t_start - r.t_submit, "generate_s": now - r.t_start},
+                        token_versions=r.vs,
                     )
                 )
         dead = sum(1 for r in rows if not _alive(r))

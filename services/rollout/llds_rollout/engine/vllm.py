@@ -5,9 +5,23 @@ handler to the loop it starts in, and its start must not block the service's loo
 Calls from the service's loop are bridged with ``run_coroutine_threadsafe``.
 
 Weight swaps go through vLLM's in-place ``reload_weights`` (collective RPC, wrapped by our worker
-extension so that tied embeddings stay tied) from the verified folder, then ``reset_prefix_cache``. New requests wait at a gate while in-flight ones drain, so
-every request runs on exactly one version, which is the one it records. Log-probs are vLLM's
-``processed_logprobs`` (after temperature and top-p), the same definition as the transformers backend.
+extension so that tied embeddings stay tied) from the verified folder, then ``reset_prefix_cache``.
+How a swap meets our running requests is ``engine.swap_mode``:
+
+- ``drain``: new requests wait at a gate while in-flight ones drain, so every request runs on exactly
+  one version.
+- ``inflight``: the scheduler pauses between two decoding steps with every request kept, the weights
+  load, and it resumes: running requests continue on the new weights (with the cache the old
+  weights computed, or recomputed with ``recompute_kv``).
+- ``abort``: our running requests are aborted, the weights load, and each is submitted again from
+  its last token (prompt plus what it generated), its cache recomputed under the new weights.
+
+Tokens stream back as deltas and each is stamped with the version serving when it arrived; a swap
+bumps the version only after every token sampled before the pause has been delivered (see
+:meth:`VLLMEngine._delivered`), so the stamp is the version that sampled it. Requests of the
+OpenAI-compatible routes are frozen across every swap and continue on the new weights. Log-probs are
+vLLM's ``processed_logprobs`` (after temperature and top-p), the same definition as the transformers
+backend.
 
 With ``engine.weight_transfer = "nccl"`` (GPUs) the engine is also a
 :class:`~llds_rollout.engine.transfer.CollectiveReceiver`: vLLM's native weight transfer joins the
@@ -136,6 +150,9 @@ class VLLMEngine(Engine):
         self._idle = asyncio.Event()
         self._idle.set()
         self._active = 0
+        self._running: set[str] = set()
+        """vLLM request ids of our ``generate`` calls now on the engine."""
+        self._aborted_for_swap: set[str] = set()
         self._swap_lock = asyncio.Lock()
         if s.openai_api:
             from llds_rollout.engine.vllm_openai import build_openai_app
@@ -210,59 +227,80 @@ class VLLMEngine(Engine):
         from vllm.inputs import TokensPrompt
         from vllm.sampling_params import RequestOutputKind
 
-        await self._gate.wait()
-        if self._failed is not None:  # a transfer failed while this request waited at the gate
-            raise EngineError(self._failed)
-        self._active += 1
-        self._idle.clear()
-        version = self._version
-        params = SamplingParams(
-            temperature=req.temperature,
-            top_p=req.top_p,
-            max_tokens=req.max_tokens,
-            stop=list(req.stop) or None,
-            include_stop_str_in_output=True,
-            logprobs=0,
-            skip_special_tokens=False,
-            output_kind=RequestOutputKind.FINAL_ONLY,
-        )
-        rid = f"{req.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
-        final = None
-        try:
-            async for out in self.llm.generate(
-                TokensPrompt(prompt_token_ids=list(req.prompt_ids)), params, rid
-            ):
-                final = out
-        except asyncio.CancelledError:
-            raise
-        except Exception as e:
-            raise EngineError(f"vLLM failed request {rid}: {type(e).__name__}: {e}") from e
-        finally:
-            self._active -= 1
-            if self._active == 0:
-                self._idle.set()
-        if final is None or not final.outputs:
-            raise EngineError(f"vLLM returned no output for {rid}")
-        c = final.outputs[0]
-        ids = [int(t) for t in c.token_ids]
-        if c.logprobs is None or len(c.logprobs) != len(ids):
-            raise EngineError(f"vLLM returned {len(c.logprobs or [])} logprobs for {len(ids)} tokens")
-        lps = [float(c.logprobs[i][t].logprob) for i, t in enumerate(ids)]
-        finish: FinishReason
-        if c.finish_reason == "length":
-            finish = "length"
-        elif isinstance(c.stop_reason, str):
-            finish = "stop"
-        else:
-            finish = "eos"
-        self._stats["generated_tokens"] += len(ids)
+        ids: list[int] = []
+        lps: list[float] = []
+        vs: list[int] = []
+        first_version: int | None = None
+        while True:  # more than once only when an abort swap stopped this request
+            await self._gate.wait()
+            if self._failed is not None:  # a transfer failed while this request waited at the gate
+                raise EngineError(self._failed)
+            if first_version is None:
+                first_version = self._version
+            params = SamplingParams(
+                temperature=req.temperature,
+                top_p=req.top_p,
+                max_tokens=req.max_tokens - len(ids),
+                stop=list(req.stop) or None,
+                include_stop_str_in_output=True,
+                logprobs=0,
+                skip_special_tokens=False,
+                output_kind=RequestOutputKind.DELTA,
+            )
+            rid = f"{req.request_id or 'req'}-{uuid.uuid4().hex[:8]}"
+            c: Any = None
+            self._active += 1
+            self._idle.clear()
+            self._running.add(rid)
+            try:
+                async for out in self.llm.generate(
+                    TokensPrompt(prompt_token_ids=list(req.prompt_ids) + ids), params, rid
+                ):
+                    c = out.outputs[0] if out.outputs else c
+                    if not out.outputs:
+                        continue
+                    new = [int(t) for t in out.outputs[0].token_ids]
+                    got = out.outputs[0].logprobs or []
+                    if len(got) != len(new):
+                        raise EngineError(f"vLLM returned {len(got)} logprobs for {len(new)} tokens")
+                    ids.extend(new)
+                    lps.extend(float(got[i][t].logprob) for i, t in enumerate(new))
+                    vs.extend([self._version] * len(new))
+                    self._stats["generated_tokens"] += len(new)
+            except asyncio.CancelledError:
+                raise
+            except EngineError:
+                raise
+            except Exception as e:
+                raise EngineError(f"vLLM failed request {rid}: {type(e).__name__}: {e}") from e
+            finally:
+                self._running.discard(rid)
+                self._active -= 1
+                if self._active == 0:
+                    self._idle.set()
+            if c is None:
+                raise EngineError(f"vLLM returned no output for {rid}")
+            swapped = rid in self._aborted_for_swap
+            self._aborted_for_swap.discard(rid)
+            if swapped and c.finish_reason == "abort":
+                if len(ids) < req.max_tokens:
+                    continue  # a stop string that straddles the two submissions is not seen as one
+                finish: FinishReason = "length"
+            elif c.finish_reason == "length":
+                finish = "length"
+            elif isinstance(c.stop_reason, str):
+                finish = "stop"
+            else:
+                finish = "eos"
+            break
         self._stats["requests"] += 1
         return GenerationResult(
             token_ids=ids,
             logprobs=lps,
-            version=version,
+            version=first_version if first_version is not None else self._version,
             finish_reason=finish,
             stop_str=c.stop_reason if isinstance(c.stop_reason, str) else None,
+            token_versions=vs,
         )
 
     # ------------------------------------------------------------------ weights
@@ -277,13 +315,49 @@ class VLLMEngine(Engine):
         self._check_spec({k: tuple(v.shape) for k, v in tensors.items()})
         await self._bridge(self._swap(folder, version))
 
+    async def _delivered(self, rids: set[str], timeout_s: float = 10.0) -> None:
+        """Return once every output the paused engine sent for ``rids`` has reached our ``generate``
+        loops (and so carries the old version): the engine core's pause completes when its output
+        queue is empty, but the client's output handler and each request's collector may still hold
+        tokens. Reads vLLM's ``AsyncLLM`` internals (pinned: vllm 0.32 / 0.33)."""
+        queue = getattr(self.llm.engine_core, "outputs_queue", None)
+        states = self.llm.output_processor.request_states
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while True:
+            await asyncio.sleep(0)
+            pending = queue is not None and not queue.empty()
+            held = any(
+                (st := states.get(r)) is not None and st.queue is not None and st.queue.output is not None
+                for r in rids
+            )
+            if not pending and not held:
+                return
+            if asyncio.get_running_loop().time() > deadline:
+                raise EngineError("tokens of the paused engine were not delivered in time")
+            await asyncio.sleep(0.001)
+
     @contextlib.asynccontextmanager
     async def _between_requests(self) -> AsyncIterator[None]:
-        """The body runs with no request on the engine: one swap at a time, gate closed, drained."""
+        """The body runs with the engine paused, one swap at a time, as ``engine.swap_mode`` says;
+        the version it sets applies to every token delivered after it."""
+        mode = getattr(self.settings, "swap_mode", "drain")
         async with self._swap_lock:
-            self._gate.clear()  # new requests wait; the ones running finish on the old weights
+            if mode == "inflight":
+                # Our requests and the OpenAI routes' alike are frozen in the scheduler and go on.
+                await self.llm.pause_generation(mode="keep", clear_cache=bool(self.settings.recompute_kv))
+                try:
+                    await self._delivered(set(self._running))
+                    yield
+                finally:
+                    await self.llm.resume_generation()
+                return
+            self._gate.clear()  # new requests of ours wait
             try:
-                await self._idle.wait()
+                if mode == "abort":
+                    ours = set(self._running)
+                    self._aborted_for_swap |= ours
+                    await self.llm.abort(list(ours))
+                await self._idle.wait()  # drain: the running ones finish on the old weights
                 # Requests of the OpenAI-compatible routes (no version, no training data) do not
                 # drain: they are frozen in the scheduler, their cached prefixes dropped, and they
                 # continue on the new weights.
