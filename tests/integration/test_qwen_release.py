@@ -49,7 +49,7 @@ def release_dir() -> Path:
     return tiny_qwen_dir()
 
 
-def _retriever() -> FastAPI:
+def hamlet_retriever() -> FastAPI:
     app = FastAPI()
 
     @app.post("/retrieve")
@@ -62,7 +62,7 @@ def _retriever() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def retriever_url() -> Iterator[str]:
-    with BackgroundServer(_retriever()) as srv:
+    with BackgroundServer(hamlet_retriever()) as srv:
         yield srv.url
 
 
@@ -80,12 +80,17 @@ def test_the_folder_is_laid_out_as_released(release_dir: Path) -> None:
     assert set(index["weight_map"].values()) == set(shards)
     cfg = AutoConfig.from_pretrained(release_dir)
     assert (cfg.model_type, cfg.vocab_size, cfg.tie_word_embeddings, str(cfg.dtype)) == (
-        "qwen2", 151936, True, "torch.bfloat16"
+        "qwen2",
+        151936,
+        True,
+        "torch.bfloat16",
     )
     gen = json.loads((release_dir / "generation_config.json").read_text())
     assert gen["eos_token_id"] == 151643 and gen["do_sample"] is False
     tok = AutoTokenizer.from_pretrained(release_dir)
-    assert not tok.chat_template and "chat_template" not in (release_dir / "tokenizer_config.json").read_text()
+    assert (
+        not tok.chat_template and "chat_template" not in (release_dir / "tokenizer_config.json").read_text()
+    )
     assert not (release_dir / "chat_template.jinja").exists()
     assert (len(tok), tok.eos_token_id, tok.pad_token_id, tok.bos_token) == (151665, 151643, 151643, None)
     # The converted tokenizer splits text exactly as Qwen's own tiktoken vocabulary does.
