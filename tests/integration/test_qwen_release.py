@@ -131,6 +131,7 @@ def test_answer_sends_the_search_r1_base_prompt_byte_for_byte(
     assert all(ids[: len(sent[0])] == sent[0] for ids in sent)
 
 
+@pytest.mark.slow
 def test_eval_evaluates_the_released_layout(release_dir: Path, tmp_path: Path) -> None:
     """``llds eval --model DIR`` starts a retriever over the synthetic world and a rollout on the
     folder, asks a few held-out questions and writes its report."""

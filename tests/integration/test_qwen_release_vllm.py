@@ -40,7 +40,7 @@ def release_dir() -> Path:
     return tiny_qwen_dir()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def engines(release_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
     from llds_rollout.engine.vllm import VLLMEngine
 
