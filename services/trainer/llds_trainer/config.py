@@ -238,7 +238,12 @@ class TrainerConfig(ServiceSettings):
     device: Literal["auto", "cpu", "cuda"] = "auto"
     """Where to train; ``auto`` = CUDA when available."""
     dtype: Literal["float32", "bfloat16"] = "float32"
-    """Parameter dtype (bfloat16 only on GPUs; AdamW state stays in the same dtype)."""
+    """Parameter dtype (bfloat16 only on GPUs; gradients and AdamW state stay in the same dtype, and a
+    bfloat16 weight loses most updates of lr 1e-6: prefer float32 with ``autocast``)."""
+    autocast: Literal["none", "bfloat16"] = "none"
+    """Mixed precision: the forward passes run under ``torch.autocast`` in this dtype while parameters,
+    gradients and AdamW state stay in ``dtype`` (float32 master weights). bfloat16 runs on GPUs and on
+    CPUs (natively with AVX512-BF16/AMX, emulated and slow elsewhere)."""
     num_threads: int = Field(default=0, ge=0)
     """torch intra-op threads on the CPU (0 = torch's default)."""
     gradient_checkpointing: bool = False
@@ -317,6 +322,10 @@ class TrainerConfig(ServiceSettings):
     """Publish a new weights version every N steps (independent of ``checkpoint_every``)."""
     keep_versions: int = Field(default=3, ge=1)
     """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
+    publish_shard_mb: int = Field(default=5000, ge=1)
+    """Largest safetensors file of a published version, in MB: bigger policies are written as
+    ``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json``, as the hub lays
+    them out (5000 = transformers' 5 GB; a 3B bfloat16 policy is 2 shards, a float32 one 3)."""
 
     # ---------------------------------------------------------------- monitoring
     lld: LLDMonitorConfig = LLDMonitorConfig()

@@ -181,8 +181,9 @@ class Trainer:
         self.alarm_action = AlarmAction.from_config(cfg.lld.alarm, configured_lambda(cfg))
         self.objective = Objective.from_config(cfg, self.alarm_action.lam)
         self.correction = build_correction(cfg.correction)
+        autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
         self.scorer = Scorer(self.model, self.ref_model, cfg.temperature, cfg.micro_batch_size, self.pad_id,
-                             self.device, self.dist)  # fmt: skip
+                             self.device, self.dist, autocast)  # fmt: skip
 
     # ------------------------------------------------------------------ the step's passes
 

@@ -1,6 +1,7 @@
 """Weight publishing: a Hugging Face safetensors folder per version, marker last, replicas notified.
 
-Contract (docs/CONTRACTS.md): ``{weights_root}/v{v:06d}/`` holds ``model.safetensors``,
+Contract (docs/CONTRACTS.md): ``{weights_root}/v{v:06d}/`` holds ``model.safetensors`` (or, past the
+shard size, ``model-0000i-of-0000n.safetensors`` shards and ``model.safetensors.index.json``),
 ``config.json`` and the tokenizer files; ``COMPLETE`` (JSON ``{version, step, files: {name:
 sha256}}``) is written last. Then ``llds:<run_id>:trainer:version`` is set and every rollout replica
 (registered in ``llds:<run_id>:rollout:replicas``, plus configured URLs) gets ``POST /admin/weights``.
@@ -71,7 +72,13 @@ def _fsync(path: Path) -> None:
 
 
 def publish_folder(
-    model: Any, tokenizer: Any, weights_root: str | Path, version: int, step: int, keep: int
+    model: Any,
+    tokenizer: Any,
+    weights_root: str | Path,
+    version: int,
+    step: int,
+    keep: int,
+    max_shard_mb: int = 5000,
 ) -> Path:
     """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
 
@@ -82,13 +89,14 @@ def publish_folder(
         version: the version number (>= 1).
         step: trainer step that produced the weights (recorded in the marker).
         keep: versions kept; older ``vNNNNNN`` folders are deleted.
+        max_shard_mb: largest safetensors file; a bigger model is written as shards plus an index.
     """
     root = Path(weights_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / version_dir_name(version)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=f"{max_shard_mb}MB")
         tokenizer.save_pretrained(tmp)
         files = {}
         for f in sorted(tmp.iterdir()):

@@ -29,6 +29,8 @@ class Scorer:
     pad_id: int
     device: torch.device
     dist: DistContext
+    autocast: torch.dtype | None = None
+    """Compute dtype of the forward passes (``torch.autocast``); None: the parameters' own."""
 
     def logp(
         self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
@@ -37,9 +39,10 @@ class Scorer:
         Lm1 = mb.targets.shape[1]
         start = max(0, int(mb.loss_mask.nonzero()[:, 1].min()) if mb.loss_mask.any() else Lm1 - 1)
         keep = Lm1 + 1 - start  # positions start..L-1; the last one predicts past the end
-        out = model(
-            input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
-        )
+        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
+            out = model(
+                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
+            )
         # Only loss-mask positions are ever used; the vocabulary-wide softmax dominates the cost of
         # a small model, so it runs on those rows alone.
         sel = mb.loss_mask[:, start:].bool()  # [B, L-1-start]

@@ -395,6 +395,7 @@ class TrainerService:
                 version,
                 step,
                 self.cfg.keep_versions,
+                self.cfg.publish_shard_mb,
             )
             log.info("published version %d (step %d) to %s", version, step, path)
         self.metrics.publish_seconds.set(time.perf_counter() - t)

@@ -142,3 +142,23 @@ def test_dual_clip_is_logged_only_when_on(tiny_model_dir: Path, groups: list[Any
     assert Trainer(_cfg(tiny_model_dir)).train_step(groups[:2])["actor/dual_clip_frac"] is None
     with pytest.raises(ValueError, match="dual_clip_c"):
         _cfg(tiny_model_dir, policy_loss={"dual_clip_c": 0.5})
+
+
+def test_bf16_autocast_keeps_float32_master_weights(tiny_model_dir: Path, groups: list[Any]) -> None:
+    """``autocast = "bfloat16"`` (the GPU presets): the forward passes run in bfloat16, the weights,
+    their gradients and AdamW's state stay float32, so an update of lr 1e-6 lands. A bfloat16 weight
+    (``dtype = "bfloat16"``) would round most such updates away."""
+    tr = Trainer(
+        _cfg(tiny_model_dir, autocast="bfloat16", gradient_checkpointing=True, optimizer={"lr": 1e-6})
+    )
+    seen: list[torch.dtype] = []
+    tr.model.lm_head.register_forward_hook(lambda m, i, o: seen.append(o.dtype))
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    rec = tr.train_step(groups[:2])
+    assert set(seen) == {torch.bfloat16} and rec["actor/updates"] == 2
+    assert all(p.dtype == torch.float32 for p in tr.model.parameters())
+    assert all(s.dtype == torch.float32 for st in tr.optimizer.state.values() for s in st.values() if s.ndim)
+    changed = sum(int((p.detach() != b).sum()) for p, b in zip(tr.model.parameters(), before, strict=True))
+    assert changed > 0.9 * sum(b.numel() for b in before)
+    w = torch.randn(4096) * 0.02
+    assert int((w.bfloat16() + 1e-6).ne(w.bfloat16()).sum()) < 0.05 * w.numel()  # bf16 loses the step

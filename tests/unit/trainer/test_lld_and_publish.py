@@ -104,6 +104,25 @@ def test_publish_writes_marker_last_and_gcs(tiny_model_dir: Path, tokenizer: Any
     assert newest_published(tmp_path / "absent") == 0
 
 
+def test_publish_shards_past_the_shard_size(tiny_model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+    """A policy bigger than ``publish_shard_mb`` goes out as the hub lays it out: shards and an index,
+    every one of them covered by the marker."""
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir))  # 13 MB, 12.6 MB of it embedding
+    folder = publish_folder(model, tokenizer, tmp_path, 1, step=1, keep=1, max_shard_mb=5)
+    shards = sorted(p.name for p in folder.glob("*.safetensors"))
+    assert shards == ["model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"]
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    assert set(index["weight_map"].values()) == set(shards)
+    assert set(json.loads((folder / MARKER).read_text())["files"]) >= {
+        *shards,
+        "model.safetensors.index.json",
+    }
+    one = publish_folder(model, tokenizer, tmp_path, 2, step=2, keep=2)  # the default: one file
+    assert [p.name for p in one.glob("*.safetensors")] == ["model.safetensors"]
+
+
 def _service(version: int, lineage: Any = None, **cfg: Any) -> Any:
     from llds_trainer.config import TrainerConfig
     from llds_trainer.core import TrainState
