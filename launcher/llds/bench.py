@@ -79,8 +79,11 @@ QUICK_ARGS = {
 
 
 def _with_default_model(argv: list[str]) -> list[str]:
-    """The rollout and trainer benchmarks measure the default policy unless ``--model`` is given."""
-    if any(a == "--model" or a.startswith("--model=") for a in argv):
+    """The rollout and trainer benchmarks measure the default policy unless ``--model`` (or the
+    trainer's ``--shape``) is given."""
+    if any(
+        a in ("--model", "--shape", "-h", "--help") or a.startswith(("--model=", "--shape=")) for a in argv
+    ):
         return argv
     from llds.assets import smollm2_dir
 
@@ -102,7 +105,8 @@ def soak_main(argv: list[str]) -> int:
 
 
 def trainer_main(argv: list[str]) -> int:
-    """``llds bench trainer``: the trainer benchmark on SmolLM2 by default."""
+    """``llds bench trainer``: the trainer benchmark on SmolLM2 by default (``--shape`` for a random-weight
+    architecture, the GPU check)."""
     from llds_bench.trainer import main as bench_main
 
     return bench_main(_with_default_model(argv))
