@@ -43,7 +43,9 @@ class Qwen2Shape:
         """The ``transformers.Qwen2Config`` of this shape."""
         from transformers import Qwen2Config
 
-        return Qwen2Config(
+        # head_dim and rope_theta are not in every transformers release's signature (5.x folds rope_theta
+        # into rope_parameters), so they go in as plain keyword arguments.
+        fields: dict[str, Any] = dict(
             vocab_size=self.vocab_size, hidden_size=self.hidden_size, intermediate_size=self.intermediate_size,
             num_hidden_layers=self.num_hidden_layers, num_attention_heads=self.num_attention_heads,
             num_key_value_heads=self.num_key_value_heads, head_dim=self.head_dim,
@@ -51,6 +53,7 @@ class Qwen2Shape:
             rms_norm_eps=self.rms_norm_eps, tie_word_embeddings=self.tie_word_embeddings,
             pad_token_id=self.pad_token_id, use_cache=False,
         )  # fmt: skip
+        return Qwen2Config(**fields)
 
 
 _HF = "the model's config.json on the Hugging Face Hub (Qwen/{name}-Instruct; the base model's has the same shape)"

@@ -1,11 +1,12 @@
 """``llds bench trainer``: the trainer's speed, memory and checkpoint cost, GRPO against GRPO + LLDS.
 
 Both variants (GRPO, and GRPO + LLDS with the action gate and LLDS-MA) train the same synthetic
-groups from the same initial weights, one after the other: one untimed warm-up step, then
-``--repeats`` timed steps each. Reported: trainer tokens/s (tokens trained per second of the
-forward + backward + optimizer passes), model FLOP utilisation in bf16 on a known GPU, the LLDS/GRPO
-step-time ratio (target <= 1.05), peak memory, and the time and size of one checkpoint written by the
-trainer's own checkpoint code. Markdown to stdout and ``--out``, JSON beside it::
+groups from the same initial weights: one untimed warm-up step, then ``--repeats`` timed steps each,
+on a GPU one variant after the other (one model resident), on the CPU alternating. Reported: trainer
+tokens/s (tokens trained per second of the forward + backward + optimizer passes), model FLOP
+utilisation in bf16 on a known GPU, the LLDS/GRPO step-time ratio (target <= 1.05), peak memory, and
+the time and size of one checkpoint written by the trainer's own checkpoint code. Markdown to stdout
+and ``--out``, JSON beside it::
 
     llds bench trainer --model MODEL_DIR [--groups 2 --group-size 5 --repeats 3] [--out docs/trainer_bench.md]
 
@@ -238,26 +239,36 @@ def _policy_and_groups(args: argparse.Namespace, device: Any, work: Path, dtype:
     }  # fmt: skip
 
 
-def _measure(tr: Any, name: str, groups: list[Any], repeats: int, device: Any) -> VariantResult:
-    """One untimed warm-up step, then the medians of ``repeats`` timed ones."""
+def _measure(
+    trainers: dict[str, Any], groups: list[Any], repeats: int, device: Any
+) -> dict[str, VariantResult]:
+    """One untimed warm-up step each, then ``repeats`` timed rounds of one step each, in turn; medians."""
     from tqdm import tqdm
 
-    print(f"{name}: warm-up step", flush=True)
-    tr.train_step(groups)
-    _sync(device)
-    steps, updates, olds, tps = [], [], [], []
-    for _ in tqdm(range(repeats), desc=name, unit="step"):
-        t0 = time.perf_counter()
-        rec = tr.train_step(groups)
+    for name, tr in trainers.items():
+        print(f"{name}: warm-up step", flush=True)
+        tr.train_step(groups)
         _sync(device)
-        steps.append(time.perf_counter() - t0)
-        updates.append(rec[K.PERF_UPDATE_S])
-        olds.append(rec[K.PERF_OLD_PASS_S])
-        tps.append(rec[K.PERF_TRAIN_TOKENS_PER_S])
-    return VariantResult(
-        step_s=statistics.median(steps), update_s=statistics.median(updates), old_pass_s=statistics.median(olds),
-        train_tokens_per_s=statistics.median(tps), peak_memory_bytes=_peak_memory(device), step_times=steps,
-    )  # fmt: skip
+    rows: dict[str, dict[str, list[float]]] = {
+        n: {"step": [], "update": [], "old": [], "tps": []} for n in trainers
+    }
+    for _ in tqdm(range(repeats), desc=" / ".join(trainers), unit="round"):
+        for name, tr in trainers.items():
+            t0 = time.perf_counter()
+            rec = tr.train_step(groups)
+            _sync(device)
+            row = rows[name]
+            row["step"].append(time.perf_counter() - t0)
+            row["update"].append(rec[K.PERF_UPDATE_S])
+            row["old"].append(rec[K.PERF_OLD_PASS_S])
+            row["tps"].append(rec[K.PERF_TRAIN_TOKENS_PER_S])
+    peak = _peak_memory(device)
+    med = statistics.median
+    return {
+        n: VariantResult(step_s=med(r["step"]), update_s=med(r["update"]), old_pass_s=med(r["old"]),
+                         train_tokens_per_s=med(r["tps"]), peak_memory_bytes=peak, step_times=r["step"])
+        for n, r in rows.items()
+    }  # fmt: skip
 
 
 def _checkpoint(tr: Any, run_dir: Path) -> dict[str, Any]:
@@ -307,20 +318,29 @@ def _run(args: argparse.Namespace, device: Any, work: Path) -> dict[str, Any]:
             **common, regularizer={"type": "llds", "gate": "action", "answer_weight_mode": "adaptive_code"}
         ),
     }
+    # On a GPU the variants run one after the other, so one model is resident and the peak memory is
+    # one variant's; on a (shared) CPU both are resident and their steps alternate, so drift in the
+    # machine's load hits both alike.
+    rounds = [[v] for v in VARIANTS] if device.type == "cuda" else [list(VARIANTS)]
     results: dict[str, VariantResult] = {}
     load_s: dict[str, float] = {}
-    for name, cfg in configs.items():
+    for names in rounds:
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        t0 = time.perf_counter()
-        tr = Trainer(cfg)
-        load_s[name] = time.perf_counter() - t0
-        info = _model_info(tr.model)
-        results[name] = _measure(tr, name, groups, args.repeats, device)
-        if name == VARIANTS[1]:
-            print(f"{name}: writing a checkpoint", flush=True)
-            checkpoint = _checkpoint(tr, work / "run")
-        del tr
+        trainers = {}
+        for name in names:
+            t0 = time.perf_counter()
+            trainers[name] = Trainer(configs[name])
+            load_s[name] = time.perf_counter() - t0
+        info = _model_info(next(iter(trainers.values())).model)
+        results.update(_measure(trainers, groups, args.repeats, device))
+        if VARIANTS[1] in trainers:
+            print(f"{VARIANTS[1]}: writing a checkpoint", flush=True)
+            checkpoint = {
+                **_checkpoint(trainers[VARIANTS[1]], work / "run"),
+                "kept": args.work_dir is not None,
+            }
+        del trainers
         gc.collect()
         if device.type == "cuda":
             torch.cuda.empty_cache()
@@ -406,19 +426,32 @@ def render_markdown(r: dict[str, Any]) -> str:
         peak = "unknown GPU, so MFU is n/a (pass --peak-tflops)"
     else:
         peak = "none on the CPU, so MFU is n/a"
+    title = (
+        f"Trainer check ({r['model'].replace(' (random weights)', '')}, random weights, {r['device_type']})"
+        if r["layout"] else "Trainer benchmark: GRPO vs GRPO + LLDS"
+    )  # fmt: skip
+    setup = r["setup_s"]
+    built = (
+        f"random policy built and written in {setup['random_policy']:.1f} s, "
+        if setup["random_policy"]
+        else ""
+    )
+    loads = " and ".join(f"{v:.1f}" for v in setup["trainer_load"].values())
     lines = [
-        f"# Trainer benchmark: {r['model']}, GRPO vs GRPO + LLDS",
+        f"# {title}",
         "",
         f"`{r['command']}`",
         "",
         f"Model {r['model']}: {_count(m['params'])} parameters ({m['layers']} layers, hidden {m['hidden']}, "
-        f"{m['heads']} heads / {m['kv_heads']} KV heads of {m['head_dim']}, vocabulary {m['vocab']}, "
+        f"{m['heads']} attention / {m['kv_heads']} KV heads of {m['head_dim']}, vocabulary {m['vocab']}, "
         f"{'tied' if m['tied_embeddings'] else 'untied'} embeddings; {r['source']}). "
         f"Device {r['device']}, {r['dtype']}, gradient checkpointing {'on' if r['gradient_checkpointing'] else 'off'}. "
         f"Per step {r['groups']} groups x {r['group_size']} = {r['trajectories']} trajectories "
         f"({layout}; {r['tokens_per_step']} tokens, {r['loss_tokens_per_step']} loss tokens), "
         f"{r['updates_per_step']} optimizer updates of micro-batches of {r['micro_batch_size']}; "
-        f"median of {r['repeats']} steps after one warm-up, each variant in turn. Peak: {peak}.",
+        f"median of {r['repeats']} steps after one warm-up, "
+        + ("one variant after the other" if r["device_type"] == "cuda" else "the variants' steps alternating")
+        + f". Peak: {peak}.",
         "",
         "| variant | step s | update s | pi_old pass s | trainer tokens/s | MFU (update) | MFU (step) | peak memory |",
         "|---|---|---|---|---|---|---|---|",
@@ -436,7 +469,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         f"Step-time ratio LLDS / GRPO: **{r['llds_grpo_step_ratio']:.3f}** (target <= 1.05; update passes "
         f"alone {r['llds_grpo_update_ratio']:.3f}). Checkpoint (GRPO + LLDS, after its steps): written in "
         f"**{ck['write_s']:.2f} s**, **{_size(ck['bytes'])}** on {ck['filesystem']} ({files}). "
-        f"Whole run: {r['wall_s']:.0f} s.",
+        f"Whole run: {r['wall_s']:.0f} s ({built}trainers loaded in {loads} s).",
         "",
         "Trainer tokens/s: tokens trained (every token of every sequence, once per step) per second of",
         "the update passes (forward + backward + optimizer), the trainer's own `perf/train_tokens_per_s`.",
@@ -448,7 +481,7 @@ def render_markdown(r: dict[str, Any]) -> str:
         + (
             "`torch.cuda.max_memory_allocated` of the variant (reset before it loads)."
             if r["device_type"] == "cuda"
-            else "the process's peak resident set so far (it includes the earlier variant)."
+            else "the process's peak resident set (both variants are resident)."
         ),
         "Checkpoint: `Trainer.save_checkpoint` (weights, AdamW state, RNG, state; fsynced, renamed into",
         "place), timed end to end.",
@@ -456,8 +489,9 @@ def render_markdown(r: dict[str, Any]) -> str:
     if r["device_type"] != "cuda":
         lines += [
             "",
-            "Measured on the CPU: not GPU figures. The GPU figures come from `scripts/gpu-check.sh` on a",
-            "machine with a GPU (not measured yet).",
+            "Measured on the CPU: not GPU figures. The GPU figures come from `scripts/gpu-check.sh`",
+            "(`llds bench trainer --device cuda --shape qwen2.5-3b --random-weights --budget-s 480 --out",
+            "docs/trainer_gpu_bench.md`) on a machine with one GPU; not measured yet.",
         ]
     return "\n".join(lines) + "\n"
 

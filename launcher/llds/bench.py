@@ -48,6 +48,15 @@ weight versions 1. Logs and the Redis append-only file grow by design and are re
 """BENCHMARKS.md's soak section until ``llds bench soak --out docs/soak_bench.md`` has run."""
 
 
+GPU_CHECK_PLACEHOLDER = """# Trainer check (qwen2.5-3b, random weights, cuda)
+
+Not measured yet. Command: `scripts/gpu-check.sh` on a machine with one GPU (it writes
+`docs/trainer_gpu_bench.md`; then `llds bench all --stitch-only`). See docs/trainer.md, "Benchmark and
+GPU check".
+"""
+"""BENCHMARKS.md's GPU-check section until ``scripts/gpu-check.sh`` has written docs/trainer_gpu_bench.md."""
+
+
 def section_path(name: str) -> Path:
     return ROOT / "docs" / f"{name}_bench.md"
 
@@ -61,6 +70,9 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
             parts.append(p.read_text().strip() + "\n")
         else:
             parts.append(f"## {name}\n\nNot measured yet: run `llds bench {name}`.\n")
+        if name == "trainer":
+            gpu = section_path("trainer_gpu")
+            parts.append((gpu.read_text() if gpu.exists() else GPU_CHECK_PLACEHOLDER).strip() + "\n")
     extra = ROOT / "docs" / "load_bench.md"
     if extra.exists():
         parts.append(extra.read_text().strip() + "\n")

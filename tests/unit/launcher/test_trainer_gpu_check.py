@@ -5,12 +5,19 @@ from __future__ import annotations
 
 import json
 import math
+import os
+import re
+import shlex
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from llds_bench.shapes import SHAPES, peak_bf16_tflops, search_r1_layout, train_flops
 
+REPO = Path(__file__).resolve().parents[3]
+SCRIPT = REPO / "scripts" / "gpu-check.sh"
 FIGURES = ("trainer tokens/s", "MFU (update)", "peak memory", "Step-time ratio LLDS / GRPO", "Checkpoint")
 
 
@@ -62,6 +69,39 @@ def test_without_a_peak_the_cpu_reports_no_mfu(tmp_path: Path) -> None:
     assert all(v["mfu_update"] is None and v["mfu_step"] is None for v in r["variants"].values())
     assert "| n/a | n/a |" in out.read_text()
     assert not Path(r["checkpoint"]["path"]).exists()  # the temp work dir is removed
+
+
+def test_a_model_folder_is_measured_with_its_tokenizer_or_from_its_config(
+    tiny_model_dir: Path, tmp_path: Path
+) -> None:
+    small = ["--device", "cpu", "--groups", "1", "--group-size", "2", "--repeats", "1"]
+    assert _bench(["--model", str(tiny_model_dir), *small, "--think-words", "2", "--doc-words", "4",
+                   "--out", str(tmp_path / "a.md")]) == 0  # fmt: skip
+    a = json.loads((tmp_path / "a.json").read_text())
+    assert a["layout"] is None and a["model_info"]["vocab"] == 49152
+    assert (tmp_path / "a.md").read_text().startswith("# Trainer benchmark: GRPO vs GRPO + LLDS")
+    argv = [
+        "--model",
+        str(tiny_model_dir),
+        "--random-weights",
+        "--seq-len",
+        "64",
+        *small,
+        "--out",
+        str(tmp_path / "b.md"),
+    ]
+    assert _bench(argv) == 0
+    b = json.loads((tmp_path / "b.json").read_text())
+    assert b["tokens_per_step"] == 2 * 64 and b["source"] == f"{tiny_model_dir}/config.json"
+    assert b["model_info"]["params"] == a["model_info"]["params"]
+
+
+def test_benchmarks_md_holds_the_gpu_check_after_the_trainer_benchmark(tmp_path: Path) -> None:
+    from llds.bench import stitch
+
+    text = stitch(tmp_path / "BENCHMARKS.md").read_text()
+    order = [text.index(h) for h in ("# Trainer benchmark:", "# Trainer check (", "# Load test")]
+    assert order == sorted(order)
 
 
 @pytest.mark.parametrize(
@@ -119,6 +159,26 @@ def test_the_default_layout_is_search_r1_at_its_context_limit() -> None:
 )  # fmt: skip
 def test_peak_by_gpu_name(name: str, tflops: float | None) -> None:
     assert peak_bf16_tflops(name) == tflops
+
+
+def test_the_wrapper_script_runs_a_valid_command() -> None:
+    from llds_bench.trainer import _check_args, _parser
+
+    m = re.search(r'bench trainer (.*?)"\$@"', SCRIPT.read_text().replace("\\\n", " "), re.S)
+    assert m, "no `llds bench trainer` command in the script"
+    args = _parser().parse_args(shlex.split(m.group(1)))
+    assert (args.device, args.shape, args.random_weights, args.budget_s) == ("cuda", "qwen2.5-3b", True, 480)
+    assert _check_args(args) is None
+
+
+def test_the_wrapper_script_says_when_there_is_no_gpu() -> None:
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("a CUDA device is present")
+    env = {**os.environ, "PYTHON": sys.executable}
+    res = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "sees no CUDA device" in res.stderr
 
 
 @pytest.mark.gpu
