@@ -125,8 +125,15 @@ def main(argv: list[str]) -> int:
             setattr(args, name, value)
     work = Path(args.work_dir) if args.work_dir else Path(tempfile.mkdtemp(prefix="llds-bench-trainer-"))
     work.mkdir(parents=True, exist_ok=True)
+    import torch
+
     try:
         report = _run(args, device, work)
+    except torch.OutOfMemoryError as e:
+        print(f"llds bench trainer: out of {device.type} memory with micro-batches of {args.micro_batch_size} "
+              f"x {args.seq_len if args.random_weights else 'the'} tokens; try a smaller --micro-batch-size: {e}",
+              file=sys.stderr)  # fmt: skip
+        return 1
     finally:
         if not args.work_dir:
             shutil.rmtree(work, ignore_errors=True)
@@ -159,6 +166,8 @@ def _check_args(args: argparse.Namespace) -> str | None:
         return "--repeats, --groups and --group-size must be >= 1"
     if args.micro_batch_size is not None and args.micro_batch_size < 1:
         return "--micro-batch-size must be >= 1"
+    if args.search_turns < 0:
+        return "--search-turns must be >= 0"
     if args.random_weights:
         try:
             search_r1_layout(args.seq_len, args.search_turns)

@@ -110,6 +110,7 @@ def test_benchmarks_md_holds_the_gpu_check_after_the_trainer_benchmark(tmp_path:
         (["--shape", "qwen2.5-3b"], "needs --random-weights"),
         (["--shape", "qwen9-1t", "--random-weights"], "unknown --shape"),
         (["--shape", "tiny", "--random-weights", "--seq-len", "6"], "too short"),
+        (["--shape", "tiny", "--random-weights", "--search-turns", "-1"], "--search-turns must be >= 0"),
     ],
 )
 def test_bad_flags_fail_before_any_model_loads(
