@@ -48,6 +48,15 @@ weight versions 1. Logs and the Redis append-only file grow by design and are re
 """BENCHMARKS.md's soak section until ``llds bench soak --out docs/soak_bench.md`` has run."""
 
 
+GPU_CHECK_PLACEHOLDER = """# Trainer check (qwen2.5-3b, random weights, cuda)
+
+Not measured yet. Command: `scripts/gpu-check.sh` on a machine with one GPU (it writes
+`docs/trainer_gpu_bench.md`; then `llds bench all --stitch-only`). See docs/trainer.md, "Benchmark and
+GPU check".
+"""
+"""BENCHMARKS.md's GPU-check section until ``scripts/gpu-check.sh`` has written docs/trainer_gpu_bench.md."""
+
+
 def section_path(name: str) -> Path:
     return ROOT / "docs" / f"{name}_bench.md"
 
@@ -61,6 +70,9 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
             parts.append(p.read_text().strip() + "\n")
         else:
             parts.append(f"## {name}\n\nNot measured yet: run `llds bench {name}`.\n")
+        if name == "trainer":
+            gpu = section_path("trainer_gpu")
+            parts.append((gpu.read_text() if gpu.exists() else GPU_CHECK_PLACEHOLDER).strip() + "\n")
     extra = ROOT / "docs" / "load_bench.md"
     if extra.exists():
         parts.append(extra.read_text().strip() + "\n")
@@ -79,8 +91,11 @@ QUICK_ARGS = {
 
 
 def _with_default_model(argv: list[str]) -> list[str]:
-    """The rollout and trainer benchmarks measure the default policy unless ``--model`` is given."""
-    if any(a == "--model" or a.startswith("--model=") for a in argv):
+    """The rollout and trainer benchmarks measure the default policy unless ``--model`` (or the
+    trainer's ``--shape``) is given."""
+    if any(
+        a in ("--model", "--shape", "-h", "--help") or a.startswith(("--model=", "--shape=")) for a in argv
+    ):
         return argv
     from llds.assets import smollm2_dir
 
@@ -102,7 +117,8 @@ def soak_main(argv: list[str]) -> int:
 
 
 def trainer_main(argv: list[str]) -> int:
-    """``llds bench trainer``: the trainer benchmark on SmolLM2 by default."""
+    """``llds bench trainer``: the trainer benchmark on SmolLM2 by default (``--shape`` for a random-weight
+    architecture, the GPU check)."""
     from llds_bench.trainer import main as bench_main
 
     return bench_main(_with_default_model(argv))
