@@ -19,7 +19,7 @@ import pytest
 import torch
 from test_qwen_release import QUESTION, SEARCH_R1_BASE_PROMPT, hamlet_retriever
 
-from llds_rollout.config import EngineSettings
+from llds_rollout.config import VLLMEngineSettings
 from llds_rollout.engine.base import GenerationRequest
 from llds_rollout.engine.hf import TransformersEngine
 from llds_server.http import BackgroundServer
@@ -44,7 +44,7 @@ def release_dir() -> Path:
 def engines(release_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
     from llds_rollout.engine.vllm import VLLMEngine
 
-    v = VLLMEngine(str(release_dir), EngineSettings(type="vllm", max_batch_size=8, vllm_max_model_len=1024))
+    v = VLLMEngine(str(release_dir), VLLMEngineSettings(max_batch_size=8, max_model_len=1024))
     h = TransformersEngine(str(release_dir))
     v.start()
     h.start()
