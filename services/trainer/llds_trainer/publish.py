@@ -71,7 +71,13 @@ def _fsync(path: Path) -> None:
 
 
 def publish_folder(
-    model: Any, tokenizer: Any, weights_root: str | Path, version: int, step: int, keep: int
+    model: Any,
+    tokenizer: Any,
+    weights_root: str | Path,
+    version: int,
+    step: int,
+    keep: int,
+    state_dict: dict[str, Any] | None = None,
 ) -> Path:
     """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
 
@@ -82,13 +88,15 @@ def publish_folder(
         version: the version number (>= 1).
         step: trainer step that produced the weights (recorded in the marker).
         keep: versions kept; older ``vNNNNNN`` folders are deleted.
+        state_dict: the tensors to write instead of ``model``'s own (a sharded model's, gathered to
+            this rank by ``Trainer.published_state``); tied names share one tensor.
     """
     root = Path(weights_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / version_dir_name(version)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        model.save_pretrained(tmp, safe_serialization=True)
+        model.save_pretrained(tmp, safe_serialization=True, state_dict=state_dict)
         tokenizer.save_pretrained(tmp)
         files = {}
         for f in sorted(tmp.iterdir()):
