@@ -101,7 +101,14 @@ def _run(n: int, parallel: str, model: Path, out: Path, script: Path) -> dict[st
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     cmd = [sys.executable, str(script), str(model), str(out), parallel]
     if n > 1:
-        cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={n}", *cmd[1:]]
+        cmd = [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            f"--nproc_per_node={n}",
+            *cmd[1:],
+        ]
     res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-4000:]
     return dict(json.loads((out / "recs.json").read_text()))

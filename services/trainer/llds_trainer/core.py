@@ -449,7 +449,7 @@ class Trainer:
         self.alarm_action.load_state_dict(st.get("alarm_action"))
         self.objective = Objective.from_config(self.cfg, self.alarm_action.lam)
 
-    def published_state(self) -> dict[str, Tensor] | None:
+    def published_state(self) -> dict[str, Any] | None:
         """The state dict a publish writes on rank 0, or None for the live model's own.
 
         Every rank calls this: under fsdp it gathers the shards to rank 0.

@@ -22,13 +22,14 @@ Both read and write the sharded checkpoint layout (DCP resharding on load), so a
 from __future__ import annotations
 
 import logging
+import warnings
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import torch
-from torch import Tensor
 
 from llds_trainer import checkpoint as ckpt
 from llds_trainer.dist import DistContext
@@ -68,7 +69,7 @@ class DataParallel(ABC):
         """Restore model and optimizer from the checkpoint folder ``folder`` (every rank calls this)."""
 
     @abstractmethod
-    def full_state(self, model: torch.nn.Module) -> dict[str, Tensor] | None:
+    def full_state(self, model: torch.nn.Module) -> dict[str, Any] | None:
         """The full state dict to publish on rank 0, or None to publish the live model as it is.
 
         Every rank calls this (gathering shards is a collective); ranks other than 0 get None.
@@ -102,14 +103,18 @@ class Replicated(DataParallel):
             _dcp_load(model, optimizer, folder / ckpt.SHARDED_DIR)
             return
         device = next(model.parameters()).device
-        missing, unexpected = load_model(model, str(folder / ckpt.MODEL_FILE), strict=False, device=str(device))
+        missing, unexpected = load_model(
+            model, str(folder / ckpt.MODEL_FILE), strict=False, device=str(device)
+        )
         if missing or unexpected:
             raise ckpt.CheckpointError(
                 f"checkpoint {folder} does not fit the model: missing {missing}, unexpected {unexpected}"
             )
-        optimizer.load_state_dict(torch.load(folder / ckpt.OPTIMIZER_FILE, weights_only=True, map_location=device))
+        optimizer.load_state_dict(
+            torch.load(folder / ckpt.OPTIMIZER_FILE, weights_only=True, map_location=device)
+        )
 
-    def full_state(self, model: torch.nn.Module) -> dict[str, Tensor] | None:
+    def full_state(self, model: torch.nn.Module) -> dict[str, Any] | None:
         return None
 
 
@@ -147,7 +152,9 @@ class Sharded(DataParallel):
                 # 1 / (micro-batches in the mini-batch), as under ddp's all-reduce.
                 m.set_gradient_divide_factor(1.0)
                 m.set_force_sum_reduction_for_comms(True)
-        log.info("parallel = fsdp: %d layer units + root sharded over %d ranks", len(layers), self.dist.world_size)
+        log.info(
+            "parallel = fsdp: %d layer units + root sharded over %d ranks", len(layers), self.dist.world_size
+        )
 
     def reduce_grads(self, params: Sequence[torch.nn.Parameter]) -> None:
         return None  # each backward reduce-scattered its gradients already
@@ -170,10 +177,12 @@ class Sharded(DataParallel):
         msd, osd = get_state_dict(model, optimizer)
         # Each rank writes its own shards (fsynced) and rank 0 the metadata; a failure on any rank is
         # raised on every rank.
-        dcp.save(
-            {"model": msd, "optimizer": osd},
-            storage_writer=dcp.FileSystemWriter(str(folder / ckpt.SHARDED_DIR), sync_files=True),
-        )
+        with _single_process_dcp():
+            dcp.save(
+                {"model": msd, "optimizer": osd},
+                storage_writer=dcp.FileSystemWriter(str(folder / ckpt.SHARDED_DIR), sync_files=True),
+                no_dist=not self.dist.enabled,
+            )
 
     def load(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
         if not ckpt.is_sharded(folder):
@@ -184,7 +193,7 @@ class Sharded(DataParallel):
             )
         _dcp_load(model, optimizer, folder / ckpt.SHARDED_DIR)
 
-    def full_state(self, model: torch.nn.Module) -> dict[str, Tensor] | None:
+    def full_state(self, model: torch.nn.Module) -> dict[str, Any] | None:
         from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
         if not self.dist.enabled:
@@ -203,6 +212,16 @@ class Sharded(DataParallel):
         return sd
 
 
+@contextmanager
+def _single_process_dcp() -> Iterator[None]:
+    """Silence DCP's warning that it runs in one process: ``no_dist`` says so on purpose."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings(
+            "ignore", message="torch.distributed is disabled, unavailable or uninitialized"
+        )
+        yield
+
+
 def _dcp_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: Path) -> None:
     """Load a DCP model + optimizer checkpoint into ``model`` (sharded or not) and ``optimizer``."""
     import torch.distributed.checkpoint as dcp
@@ -210,12 +229,17 @@ def _dcp_load(model: torch.nn.Module, optimizer: torch.optim.Optimizer, folder: 
 
     # The state dicts of the live objects give DCP the shapes and shardings to read into.
     msd, osd = get_state_dict(model, optimizer)
-    state = {"model": msd, "optimizer": osd}
     try:
-        dcp.load(state, storage_reader=dcp.FileSystemReader(str(folder)))
+        # Reads in place: into the tensors of msd and osd and the entries of their nested dicts.
+        with _single_process_dcp():
+            dcp.load(
+                {"model": msd, "optimizer": osd},
+                storage_reader=dcp.FileSystemReader(str(folder)),
+                no_dist=not torch.distributed.is_initialized(),
+            )
     except (OSError, RuntimeError, ValueError) as e:
         raise ckpt.CheckpointError(f"sharded checkpoint {folder} cannot be read into this model: {e}") from e
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
+    set_state_dict(model, optimizer, model_state_dict=msd, optim_state_dict=osd)
 
 
 def build_parallel(kind: ParallelKind, dist: DistContext) -> DataParallel:

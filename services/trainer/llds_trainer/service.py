@@ -407,7 +407,9 @@ class TrainerService:
         # With NCCL the weights travel GPU to GPU. Version 0 is the initial model the replicas load.
         write = self.cfg.weight_sync == "filesystem" and version > 0
         if write:
-            write = dist.broadcast_object(not is_published(self.cfg.weights_root, version) if dist.is_main else None)
+            write = dist.broadcast_object(
+                not is_published(self.cfg.weights_root, version) if dist.is_main else None
+            )
         if write:
             state = self.trainer.published_state()
             if dist.is_main:
