@@ -1,9 +1,11 @@
 """Atomic, durable trainer checkpoints: write into a hidden temp folder, fsync, rename.
 
 Layout of ``{run_dir}/checkpoints/step_{step:08d}/``:
-``model.safetensors`` (policy weights), ``optimizer.pt`` (AdamW state, loaded with
-``weights_only=True``), ``rng.safetensors`` (torch RNG states), ``state.json`` (step, version,
-consumed group ids, LLD monitor history). A folder with the final name is complete by construction
+``model.safetensors`` (policy weights) and ``optimizer.pt`` (AdamW state, loaded with
+``weights_only=True``) under ``parallel = "ddp"``, or ``sharded/`` (every rank's shards of model and
+optimizer, a ``torch.distributed.checkpoint`` folder) under ``parallel = "fsdp"``;
+``rng.safetensors`` (torch RNG states), ``state.json`` (step, version, consumed group ids, LLD
+monitor history). A folder with the final name is complete by construction
 (the rename is the commit point); the newest ``keep`` are kept.
 """
 
@@ -22,6 +24,8 @@ STATE_FILE = "state.json"
 MODEL_FILE = "model.safetensors"
 OPTIMIZER_FILE = "optimizer.pt"
 RNG_FILE = "rng.safetensors"
+SHARDED_DIR = "sharded"
+"""The DCP folder of a sharded checkpoint (``.metadata`` and one ``.distcp`` file per rank)."""
 
 
 class CheckpointError(RuntimeError):
@@ -38,8 +42,11 @@ def fsync_dir(path: Path) -> None:
 
 
 def fsync_tree(path: Path) -> None:
+    """Make every file under ``path`` (sub-folders too) and their directory entries durable."""
     for f in path.iterdir():
-        if f.is_file():
+        if f.is_dir():
+            fsync_tree(f)
+        elif f.is_file():
             with open(f, "rb") as fh:
                 os.fsync(fh.fileno())
     fsync_dir(path)
@@ -90,8 +97,14 @@ def commit(tmp: Path, run_dir: str | Path, step: int, state: dict[str, Any], kee
     return final
 
 
+def is_sharded(path: Path) -> bool:
+    """Whether checkpoint ``path`` holds the sharded (DCP) layout rather than the replicated one."""
+    return (path / SHARDED_DIR / ".metadata").is_file()
+
+
 def read_state(path: Path) -> dict[str, Any]:
-    for name in (STATE_FILE, MODEL_FILE, OPTIMIZER_FILE):
+    needed = (STATE_FILE,) if is_sharded(path) else (STATE_FILE, MODEL_FILE, OPTIMIZER_FILE)
+    for name in needed:
         if not (path / name).is_file():
             raise CheckpointError(f"checkpoint {path} lacks {name}")
     try:

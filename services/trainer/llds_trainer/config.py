@@ -248,6 +248,10 @@ class TrainerConfig(ServiceSettings):
     """torch intra-op threads on the CPU (0 = torch's default)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    parallel: Literal["ddp", "fsdp"] = "ddp"
+    """Data parallelism over torchrun's ranks: ``ddp`` (every rank a full replica of model, gradients and
+    AdamW state; gradients all-reduced) or ``fsdp`` (FSDP2 ``fully_shard``: each rank holds 1/W of them;
+    sharded DCP checkpoints, weights gathered to rank 0 to publish). See docs/trainer.md."""
 
     # ---------------------------------------------------------------- schedule
     steps: int = Field(default=0, ge=0)
@@ -375,4 +379,10 @@ class TrainerConfig(ServiceSettings):
             raise ValueError("dtype bfloat16 needs a GPU; use float32 on the CPU")
         if self.weight_sync == "nccl" and self.device == "cpu":
             raise ValueError("weight_sync = 'nccl' needs the trainer on a GPU (NCCL is CUDA-only)")
+        if self.weight_sync == "nccl" and self.parallel == "fsdp":
+            raise ValueError(
+                "weight_sync = 'nccl' sends the live model's full tensors from one GPU, and under "
+                "parallel = 'fsdp' each rank holds only a shard: use weight_sync = 'filesystem' (rank 0 "
+                "gathers and publishes a folder) or parallel = 'ddp'"
+            )
         return self

@@ -10,7 +10,8 @@ modules that never call back into an earlier one:
 3. off-policy correction (``llds_trainer.correction``): weights and a keep mask per token from the
    sampler's log-probs, pi_old's and the sampling versions, and the sampler/trainer mismatch;
 4. ``epochs_per_step`` x ``minibatches_per_step`` optimizer updates (:meth:`Trainer._update`), each
-   accumulating gradients over micro-batches (split across data-parallel ranks), clipped, AdamW; each
+   accumulating gradients over micro-batches (split across data-parallel ranks, the model replicated
+   or sharded by ``llds_trainer.parallel``), clipped, AdamW; each
    micro-step is the config-chosen :class:`~llds_trainer.objective.Objective` (policy loss, KL, entropy,
    regulariser) returning a :class:`~llds_trainer.objective.MicroStats`, summed and reduced by name;
 5. LLD probe (no grad): the log-probs after the last update, for the displacement signals
@@ -43,6 +44,7 @@ from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
 from llds_trainer.loss import answer_weight
 from llds_trainer.objective import MicroInputs, MicroStats, Objective, active_llds, configured_lambda
+from llds_trainer.parallel import build_parallel
 from llds_trainer.scoring import Scorer
 from llds_trainer.signals import lld_signals, mean
 
@@ -161,11 +163,16 @@ class Trainer:
         self.model.config.use_cache = False
         if cfg.gradient_checkpointing:
             self.model.gradient_checkpointing_enable()
+        self.parallel = build_parallel(cfg.parallel, self.dist)
+        self.parallel.wrap(self.model)
         self.ref_model = None
         if cfg.kl_coef > 0:
             ref = cfg.reference_model or cfg.model
             self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype).to(self.device)
             self.ref_model.eval().requires_grad_(False)
+            # Sharded like the policy under fsdp: a frozen replica would cost a full copy of the
+            # weights per rank, most of what sharding the policy saved (a 7B bf16 reference: 14 GB).
+            self.parallel.wrap(self.ref_model)
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
@@ -183,7 +190,7 @@ class Trainer:
         self.correction = build_correction(cfg.correction)
         autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
         self.scorer = Scorer(self.model, self.ref_model, cfg.temperature, cfg.micro_batch_size, self.pad_id,
-                             self.device, self.dist, autocast)  # fmt: skip
+                             self.device, self.dist, autocast, lockstep=self.parallel.lockstep)  # fmt: skip
 
     # ------------------------------------------------------------------ the step's passes
 
@@ -252,8 +259,12 @@ class Trainer:
                     continue
                 micros = self.scorer.micro_batches(mini)
                 scale = 1.0 / len(micros)
-                for idx in self.dist.shard(micros):
+                for idx, real in self.scorer.mine(micros):
                     mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
+                    if not real:
+                        # A sharded backward is a collective: join it with a pass that adds zero.
+                        (self.scorer.logp(self.model, mb, False)[0].sum() * 0.0).backward()
+                        continue
                     logp_new, ent_new = self.scorer.logp(self.model, mb, cfg.entropy_coef > 0)
                     is_w = keep = None
                     if corr is not None:
@@ -269,8 +280,8 @@ class Trainer:
                     stats.train_tokens = int(mb.attention_mask.sum())
                     total.add(stats)
                     ratio_max = max(ratio_max, r_max)
-                self.dist.all_reduce_grads(self.params)
-                norm = float(torch.nn.utils.clip_grad_norm_(self.params, cfg.optimizer.grad_clip))
+                self.parallel.reduce_grads(self.params)
+                norm = self.parallel.clip_grad_norm(self.params, cfg.optimizer.grad_clip)
                 if math.isfinite(norm):
                     self.optimizer.step()
                 else:
@@ -382,48 +393,53 @@ class Trainer:
 
     # ------------------------------------------------------------------ checkpoints
     def save_checkpoint(self, run_dir: str | Path) -> Path:
-        """Atomically write the full training state for the current step (rank 0 only)."""
-        from safetensors.torch import save_file, save_model
+        """Atomically write the full training state for the current step; returns its folder.
 
-        tmp = ckpt.begin(run_dir, self.state.step)
+        Every rank calls this: rank 0 makes the temp folder, the model and optimizer go in by
+        :meth:`DataParallel.save` (rank 0 alone when replicated, every rank its shards when sharded),
+        then rank 0 adds the RNG and ``state.json`` and renames the folder into place.
+        """
+        from safetensors.torch import save_file
+
+        main = self.dist.is_main
+        tmp = Path(self.dist.broadcast_object(str(ckpt.begin(run_dir, self.state.step)) if main else None))
         try:
-            save_model(self.model, str(tmp / ckpt.MODEL_FILE))
-            torch.save(self.optimizer.state_dict(), tmp / ckpt.OPTIMIZER_FILE)
-            rng = {"torch": torch.get_rng_state()}
-            if torch.cuda.is_available():
-                rng["cuda"] = torch.cuda.get_rng_state()
-            save_file(rng, str(tmp / ckpt.RNG_FILE))
+            self.parallel.save(self.model, self.optimizer, tmp)
+            if main:
+                rng = {"torch": torch.get_rng_state()}
+                if torch.cuda.is_available():
+                    rng["cuda"] = torch.cuda.get_rng_state()
+                save_file(rng, str(tmp / ckpt.RNG_FILE))
         except (OSError, RuntimeError) as e:
             # torch reports a failed write (ENOSPC, EFBIG) as an opaque iostream error: name the cause.
-            shutil.rmtree(tmp, ignore_errors=True)
+            if main:
+                shutil.rmtree(tmp, ignore_errors=True)
             free = shutil.disk_usage(tmp.parent).free
             raise ckpt.CheckpointError(
                 f"writing checkpoint step {self.state.step} into {tmp.parent} failed ({free} bytes free; "
                 f"disk full or file size limit?): {e}; the previous checkpoint is untouched"
             ) from e
-        state = {
-            **self.state.state_dict(),
-            "monitor": self.monitor.state_dict(),
-            "alarm_action": self.alarm_action.state_dict(),
-            "model_source": self.cfg.model,
-        }
-        return ckpt.commit(tmp, run_dir, self.state.step, state, self.cfg.keep_checkpoints)
+        final = ckpt.checkpoint_root(run_dir) / f"step_{self.state.step:08d}"
+        if main:
+            state = {
+                **self.state.state_dict(),
+                "monitor": self.monitor.state_dict(),
+                "alarm_action": self.alarm_action.state_dict(),
+                "model_source": self.cfg.model,
+                "parallel": self.cfg.parallel,
+                "world_size": self.dist.world_size,
+            }
+            final = ckpt.commit(tmp, run_dir, self.state.step, state, self.cfg.keep_checkpoints)
+        self.dist.barrier()  # no rank goes on (to a next checkpoint, to exit) before the rename
+        return final
 
     def load_checkpoint(self, path: Path) -> None:
-        """Restore model, optimizer, RNG, step, version, lineage, consumed ids and monitor history."""
-        from safetensors.torch import load_file, load_model
+        """Restore model, optimizer, RNG, step, version, lineage, consumed ids and monitor history
+        (every rank calls this)."""
+        from safetensors.torch import load_file
 
         st = ckpt.read_state(path)
-        missing, unexpected = load_model(
-            self.model, str(path / ckpt.MODEL_FILE), strict=False, device=str(self.device)
-        )
-        if missing or unexpected:
-            raise ckpt.CheckpointError(
-                f"checkpoint {path} does not fit the model: missing {missing}, unexpected {unexpected}"
-            )
-        self.optimizer.load_state_dict(
-            torch.load(path / ckpt.OPTIMIZER_FILE, weights_only=True, map_location=self.device)
-        )
+        self.parallel.load(self.model, self.optimizer, path)
         if (path / ckpt.RNG_FILE).is_file():
             rng = load_file(str(path / ckpt.RNG_FILE))
             torch.set_rng_state(rng["torch"])
@@ -433,3 +449,10 @@ class Trainer:
         self.monitor.load_state_dict(st["monitor"])
         self.alarm_action.load_state_dict(st.get("alarm_action"))
         self.objective = Objective.from_config(self.cfg, self.alarm_action.lam)
+
+    def published_state(self) -> dict[str, Any] | None:
+        """The state dict a publish writes on rank 0, or None for the live model's own.
+
+        Every rank calls this: under fsdp it gathers the shards to rank 0.
+        """
+        return self.parallel.full_state(self.model)

@@ -1,9 +1,10 @@
 """Data parallelism over ``torch.distributed`` processes (launched with ``torchrun``).
 
-Rank 0 owns the queue, checkpoints and publishing; every rank holds a full replica of the model,
-trains on its share of each mini-batch's micro-batches, and the summed gradients are all-reduced
-before every optimizer update, so W processes compute the same update as one process that
-accumulates all micro-batches (DDP semantics; gloo on CPUs, NCCL on GPUs).
+Rank 0 owns the queue, checkpoints and publishing; every rank trains on its share of each
+mini-batch's micro-batches and the gradients are summed over ranks before every optimizer update, so
+W processes compute the same update as one process that accumulates all micro-batches (gloo on CPUs,
+NCCL on GPUs). Whether each rank holds a full replica (all-reduce here) or a shard of the model is
+``llds_trainer.parallel``'s business.
 """
 
 from __future__ import annotations
@@ -40,6 +41,9 @@ class DistContext:
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if world <= 1:
             return cls()
+        if device.type == "cuda":
+            # One GPU per rank: "cuda" then means this rank's device everywhere (.to, FSDP's mesh).
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
         if not torch_dist.is_initialized():
             backend = "nccl" if device.type == "cuda" else "gloo"
             torch_dist.init_process_group(backend=backend)
@@ -48,6 +52,18 @@ class DistContext:
     def shard(self, items: list[T]) -> list[T]:
         """This rank's items: ``items[rank::world_size]``."""
         return items[self.rank :: self.world_size]
+
+    def shard_lockstep(self, items: list[T]) -> list[tuple[T, bool]]:
+        """This rank's items flagged True, padded with ``(items[0], False)`` to ``ceil(len / world_size)``.
+
+        Every rank gets the same number of entries: a sharded model's forward and backward are
+        collectives, so a rank short of work runs a throw-away pass on a filler item instead of none.
+        """
+        if not items:
+            return []
+        mine = [(x, True) for x in self.shard(items)]
+        per_rank = -(-len(items) // self.world_size)
+        return mine + [(items[0], False)] * (per_rank - len(mine))
 
     def all_gather_object(self, obj: Any) -> list[Any]:
         if not self.enabled:

@@ -79,6 +79,7 @@ def publish_folder(
     step: int,
     keep: int,
     max_shard_mb: int = 5000,
+    state_dict: dict[str, Any] | None = None,
 ) -> Path:
     """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
 
@@ -90,13 +91,17 @@ def publish_folder(
         step: trainer step that produced the weights (recorded in the marker).
         keep: versions kept; older ``vNNNNNN`` folders are deleted.
         max_shard_mb: largest safetensors file; a bigger model is written as shards plus an index.
+        state_dict: the tensors to write instead of ``model``'s own (a sharded model's, gathered to
+            this rank by ``Trainer.published_state``); tied names share one tensor.
     """
     root = Path(weights_root)
     root.mkdir(parents=True, exist_ok=True)
     final = root / version_dir_name(version)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.", dir=root))
     try:
-        model.save_pretrained(tmp, safe_serialization=True, max_shard_size=f"{max_shard_mb}MB")
+        model.save_pretrained(
+            tmp, safe_serialization=True, max_shard_size=f"{max_shard_mb}MB", state_dict=state_dict
+        )
         tokenizer.save_pretrained(tmp)
         files = {}
         for f in sorted(tmp.iterdir()):

@@ -31,6 +31,8 @@ class Scorer:
     dist: DistContext
     autocast: torch.dtype | None = None
     """Compute dtype of the forward passes (``torch.autocast``); None: the parameters' own."""
+    lockstep: bool = False
+    """Every rank runs the same number of forwards (a sharded model's forward is a collective)."""
 
     def logp(
         self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
@@ -61,6 +63,13 @@ class Scorer:
         k = self.micro_batch_size
         return [list(order[i : i + k]) for i in range(0, len(order), k)]
 
+    def mine(self, micros: list[list[int]]) -> list[tuple[list[int], bool]]:
+        """This rank's micro-batches, each flagged whether it counts; in lockstep padded to the same
+        number on every rank with filler passes (flag False) whose results are thrown away."""
+        if self.lockstep:
+            return self.dist.shard_lockstep(micros)
+        return [(m, True) for m in self.dist.shard(micros)]
+
     @torch.no_grad()
     def score(
         self, samples: list[Sample], *, entropy: bool, ref: bool
@@ -68,10 +77,12 @@ class Scorer:
         """Response-aligned log-probs of every sample under the policy (and entropy, reference)."""
         self.model.eval()
         mine: dict[int, tuple[list[float], list[float] | None, list[float] | None]] = {}
-        for idx in self.dist.shard(self.micro_batches(range(len(samples)))):
+        for idx, real in self.mine(self.micro_batches(range(len(samples)))):
             mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
             logp, ent = self.logp(self.model, mb, entropy)
             ref_lp = self.logp(self.ref_model, mb, False)[0] if ref and self.ref_model is not None else None
+            if not real:
+                continue
             for b, i in enumerate(idx):
                 sl = response_slice(samples[i])
                 mine[i] = (

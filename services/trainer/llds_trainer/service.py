@@ -12,6 +12,11 @@ Ordering is what makes a kill -9 at any point safe (see :mod:`llds_trainer.queue
    rollout replicas (``weight_sync = "nccl"``: no folder, :mod:`llds_trainer.nccl_sync`);
 5. write :class:`llds_proto.messages.TrainerInfo` (admission control of the rollouts).
 
+With several ranks, rank 0 does all of the above; the others train, and join the checkpoint and the
+publish, which are collectives (under ``parallel = "fsdp"`` every rank writes its shards and the
+published weights are gathered from every rank). Rank 0 decides when the loop ends (it broadcasts
+the groups, or None on a stop), so every rank leaves it at the same step.
+
 Publishing and checkpointing have independent cadences, so a restart may come back to weights older
 than what was published: :mod:`llds_trainer.lineage` then orphans the lost versions and republishes
 the restored weights under a fresh number. On every start the current version is republished.
@@ -139,9 +144,10 @@ class TrainerService:
         if dist.is_main:
             self.completed_step = self.trainer.state.step
             self.metrics.step.set(self.trainer.state.step)
-            # Always republish on start: a rollout waiting for this version (or one that lost it)
-            # gets it now instead of waiting for the next step's publish.
-            self._publish(self.trainer.state.version, self.trainer.state.step)
+        # Always republish on start: a rollout waiting for this version (or one that lost it)
+        # gets it now instead of waiting for the next step's publish.
+        self._publish(self.trainer.state.version, self.trainer.state.step)
+        if dist.is_main:
             if self.cfg.weight_sync == "filesystem":
                 from llds_trainer.publish import gc_versions
 
@@ -203,7 +209,9 @@ class TrainerService:
     def run(self) -> None:
         """Train until ``steps`` (or forever, or a stop request)."""
         st = self.trainer.state
-        while not self.done and not self.stop_event.is_set():
+        dist = self.trainer.dist
+        # No stop check here: rank 0's fetch sees the stop and broadcasts None, so all ranks leave together.
+        while not self.done:
             groups, entry_ids = self._next_batch()
             if groups is None:
                 break
@@ -222,29 +230,37 @@ class TrainerService:
                 st.version += 1
                 st.lineage.prune(st.version, self.cfg.staleness_k)
             rec[K.WEIGHTS_VERSION] = st.version
-            if self.trainer.dist.is_main:
-                self._after_step(step, rec, entry_ids, publishing)
-            self.trainer.dist.barrier()
+            if dist.is_main:
+                self._log_step(step, rec, entry_ids)
+            if step % self.cfg.checkpoint_every == 0 or self.done:
+                self._checkpoint(step)
+            if publishing:
+                self._publish(st.version, step)
+                if dist.is_main:
+                    failpoint("after_publish", step)
+            if dist.is_main:
+                self._finish_step(step, rec)
+            dist.barrier()
             self.state = "waiting"
-        if self.trainer.dist.is_main and self._unacked:
-            # Stopped between checkpoints: checkpoint what was trained, so it is not trained again.
+        # Stopped between checkpoints: checkpoint what was trained, so it is not trained again.
+        if dist.broadcast_object(bool(self._unacked) if dist.is_main else None):
             self._checkpoint(st.step)
-            self._write_info()
-            self._tidy_stream()
+            if dist.is_main:
+                self._write_info()
+                self._tidy_stream()
         self.state = "done" if self.done else "stopped"
 
-    def _after_step(self, step: int, rec: dict[str, Any], entry_ids: list[str], publishing: bool) -> None:
+    def _log_step(self, step: int, rec: dict[str, Any], entry_ids: list[str]) -> None:
+        """Rank 0: the step's record to the log and trackers; its entries await the next checkpoint."""
         with open(self.run_dir / TRAIN_LOG, "a") as f:
             f.write(json.dumps(rec) + "\n")
         for w in self.writers:
             w.write(step, rec)
         failpoint("after_log", step)
         self._unacked.extend(entry_ids)
-        if step % self.cfg.checkpoint_every == 0 or self.done:
-            self._checkpoint(step)
-        if publishing:
-            self._publish(self.trainer.state.version, step)
-            failpoint("after_publish", step)
+
+    def _finish_step(self, step: int, rec: dict[str, Any]) -> None:
+        """Rank 0, after the step's checkpoint and publish: info, stream, history, metrics, log line."""
         self._write_info()
         self._tidy_stream()
         # The step becomes visible over HTTP once its checkpoint and publish (if any) are done; a
@@ -259,9 +275,12 @@ class TrainerService:
         )  # fmt: skip
 
     def _checkpoint(self, step: int) -> None:
-        """Checkpoint the trainer, then acknowledge every entry it now covers."""
+        """Checkpoint the trainer (every rank takes part), then rank 0 acknowledges every entry it now
+        covers."""
         t = time.perf_counter()
         path = self.trainer.save_checkpoint(self.run_dir)
+        if not self.trainer.dist.is_main:
+            return
         self.metrics.checkpoint_seconds.set(time.perf_counter() - t)
         failpoint("after_checkpoint", step)
         # The info written with the acknowledgement already names the version this step publishes and
@@ -379,25 +398,34 @@ class TrainerService:
 
     # ------------------------------------------------------------------ publishing
     def _publish(self, version: int, step: int) -> None:
+        """Publish ``version``. Every rank calls this (a sharded policy is gathered from all of them);
+        rank 0 writes the folder, sets the version key and notifies the replicas."""
         from llds_trainer.publish import is_published, notify_replicas, publish_folder, version_dir_name
 
+        dist = self.trainer.dist
         t = time.perf_counter()
         # With NCCL the weights travel GPU to GPU. Version 0 is the initial model the replicas load.
-        if (
-            self.cfg.weight_sync == "filesystem"
-            and version > 0
-            and not is_published(self.cfg.weights_root, version)
-        ):
-            path = publish_folder(
-                self.trainer.model,
-                self.tokenizer,
-                self.cfg.weights_root,
-                version,
-                step,
-                self.cfg.keep_versions,
-                self.cfg.publish_shard_mb,
+        write = self.cfg.weight_sync == "filesystem" and version > 0
+        if write:
+            write = dist.broadcast_object(
+                not is_published(self.cfg.weights_root, version) if dist.is_main else None
             )
-            log.info("published version %d (step %d) to %s", version, step, path)
+        if write:
+            state = self.trainer.published_state()
+            if dist.is_main:
+                path = publish_folder(
+                    self.trainer.model,
+                    self.tokenizer,
+                    self.cfg.weights_root,
+                    version,
+                    step,
+                    self.cfg.keep_versions,
+                    self.cfg.publish_shard_mb,
+                    state_dict=state,
+                )
+                log.info("published version %d (step %d) to %s", version, step, path)
+        if not dist.is_main:
+            return
         self.metrics.publish_seconds.set(time.perf_counter() - t)
         self.redis.set(self.keys.trainer_version, str(version))
         self.metrics.version.set(version)

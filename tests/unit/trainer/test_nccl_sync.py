@@ -204,6 +204,7 @@ class FakeSync:
 
 @pytest.mark.parametrize("ok", [True, False])
 def test_publish_sends_over_nccl_instead_of_writing_a_folder(tmp_path: Path, ok: bool) -> None:
+    from llds_trainer.dist import DistContext
     from llds_trainer.service import TrainerService
 
     cfg = TrainerConfig(
@@ -216,7 +217,7 @@ def test_publish_sends_over_nccl_instead_of_writing_a_folder(tmp_path: Path, ok:
     service = TrainerService(cfg, admin_token=TOKEN)
     service.redis = fakeredis.FakeRedis()
     service.redis.hset(streams.DEFAULT_KEYS.registry, "rollout-b", "http://r2:8001")
-    service.trainer = SimpleNamespace(model=object())
+    service.trainer = SimpleNamespace(model=object(), dist=DistContext())  # one process: rank 0 publishes
     service._nccl = sync = FakeSync(ok)
     service._publish(3, 9)
     assert sync.calls == [(["http://r1:8001", "http://r2:8001"], 3, 9)]
