@@ -57,6 +57,14 @@ GPU check".
 """BENCHMARKS.md's GPU-check section until ``scripts/gpu-check.sh`` has written docs/trainer_gpu_bench.md."""
 
 
+SWAP_PLACEHOLDER = """## Weight swaps under load, per swap mode
+
+Not measured yet. Command: `llds bench swaps --rollout-config configs/rollout_cpu.toml --out
+docs/swap_bench.md` (then `llds bench all --stitch-only`).
+"""
+"""BENCHMARKS.md's swap section until ``llds bench swaps`` has written ``docs/swap_bench.md``."""
+
+
 def section_path(name: str) -> Path:
     return ROOT / "docs" / f"{name}_bench.md"
 
@@ -70,6 +78,9 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
             parts.append(p.read_text().strip() + "\n")
         else:
             parts.append(f"## {name}\n\nNot measured yet: run `llds bench {name}`.\n")
+        if name == "rollout":
+            swaps = section_path("swap")
+            parts.append((swaps.read_text() if swaps.exists() else SWAP_PLACEHOLDER).strip() + "\n")
         if name == "trainer":
             gpu = section_path("trainer_gpu")
             parts.append((gpu.read_text() if gpu.exists() else GPU_CHECK_PLACEHOLDER).strip() + "\n")
@@ -105,6 +116,13 @@ def _with_default_model(argv: list[str]) -> list[str]:
 def rollout_main(argv: list[str]) -> int:
     """``llds bench rollout``: the rollout benchmark on SmolLM2 by default."""
     from llds_bench.rollout import main as bench_main
+
+    return bench_main(_with_default_model(argv))
+
+
+def swaps_main(argv: list[str]) -> int:
+    """``llds bench swaps``: weight swaps under load per swap mode, on SmolLM2 by default."""
+    from llds_bench.swaps import main as bench_main
 
     return bench_main(_with_default_model(argv))
 

@@ -51,6 +51,7 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("bench", "retriever"): ("llds_bench.retriever", "main", "retriever throughput and latency vs baseline"),
     ("bench", "rollout"): ("llds.bench", "rollout_main", "async vs synchronous rollout, swap time"),
     ("bench", "trainer"): ("llds.bench", "trainer_main", "GRPO vs GRPO+LLDS step time"),
+    ("bench", "swaps"): ("llds.bench", "swaps_main", "weight-swap stall and /answer latency per swap mode"),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),
     ("bench", "soak"): (
         "llds.bench",
@@ -65,7 +66,7 @@ _KEEP_VERB = {("index", "build"), ("index", "info"), ("world", "build")}
 
 # Subcommands that run the inference engine: they run under an interpreter with vLLM (see
 # vllm_python), which also has everything else, so either backend works there.
-ENGINE_ROUTES = {("rollout", "serve"), ("answer",), ("bench", "rollout")}
+ENGINE_ROUTES = {("rollout", "serve"), ("answer",), ("bench", "rollout"), ("bench", "swaps")}
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _REEXEC_ENV = "LLDS_VLLM_REEXEC"
 
