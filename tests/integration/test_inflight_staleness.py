@@ -129,6 +129,7 @@ def test_every_token_is_corrected_against_its_own_sampling_version(
 
     rec = tr.train_step([group])
     assert math.isfinite(rec[K.LOSS_TOTAL]) and rec[K.DATA_STALE_TOKENS] == int(stale.sum())
+    assert rec[K.DATA_MIXED_VERSION_TRAJECTORIES] == len(results)
     for b in (0, 1, 2):  # every staleness bucket has tokens
         p1, p50, p99 = (rec[k] for k in RATIO_QUANTILE_KEYS[b])
         assert p1 is not None and p1 <= p50 <= p99, (b, p1, p50, p99)

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fastapi import FastAPI
+from test_rollout_cli import hamlet_retriever
 
 from llds_server.http import BackgroundServer
 
@@ -47,17 +47,6 @@ def release_dir() -> Path:
     from llds.assets import tiny_qwen_dir
 
     return tiny_qwen_dir()
-
-
-def hamlet_retriever() -> FastAPI:
-    app = FastAPI()
-
-    @app.post("/retrieve")
-    def retrieve(body: dict[str, Any]) -> dict[str, Any]:
-        doc = {"id": "d1", "contents": '"Hamlet"\nA play by William Shakespeare.'}
-        return {"result": [[{"document": doc, "score": 1.0}] for _ in body["queries"]]}
-
-    return app
 
 
 @pytest.fixture(scope="module")

@@ -17,9 +17,10 @@ from typing import Any
 
 import pytest
 import torch
-from test_qwen_release import QUESTION, SEARCH_R1_BASE_PROMPT, hamlet_retriever
+from test_qwen_release import QUESTION, SEARCH_R1_BASE_PROMPT
+from test_rollout_cli import hamlet_retriever
+from test_rollout_vllm import _run, engine_pair
 
-from llds_rollout.config import VLLMEngineSettings
 from llds_rollout.engine.base import GenerationRequest
 from llds_rollout.engine.hf import TransformersEngine
 from llds_server.http import BackgroundServer
@@ -42,22 +43,7 @@ def release_dir() -> Path:
 
 @pytest.fixture()
 def engines(release_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
-    from llds_rollout.engine.vllm import VLLMEngine
-
-    v = VLLMEngine(str(release_dir), VLLMEngineSettings(max_batch_size=8, max_model_len=1024))
-    h = TransformersEngine(str(release_dir))
-    v.start()
-    h.start()
-    yield v, h
-    v.shutdown()
-    h.shutdown()
-
-
-def _run(engine: Any, reqs: list[GenerationRequest]) -> list[Any]:
-    async def main() -> list[Any]:
-        return await asyncio.gather(*[engine.generate(r) for r in reqs])
-
-    return asyncio.run(main())
+    yield from engine_pair(release_dir)
 
 
 def _agree(a: Any, b: Any) -> None:

@@ -20,7 +20,7 @@ from llds_server.http import BackgroundServer, free_port
 pytestmark = pytest.mark.integration
 
 
-def _retriever() -> FastAPI:
+def hamlet_retriever() -> FastAPI:
     app = FastAPI()
 
     @app.post("/retrieve")
@@ -33,7 +33,7 @@ def _retriever() -> FastAPI:
 
 @pytest.fixture(scope="module")
 def retriever_url() -> Iterator[str]:
-    with BackgroundServer(_retriever()) as srv:
+    with BackgroundServer(hamlet_retriever()) as srv:
         yield srv.url
 
 

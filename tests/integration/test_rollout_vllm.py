@@ -33,17 +33,22 @@ pytestmark = [
 PROMPTS = ["who wrote hamlet?", "The capital of France is", "<search> a b c </search> and then"]
 
 
-@pytest.fixture(scope="module")
-def engines(tiny_model_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
+def engine_pair(model_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
+    """A vLLM engine and a transformers engine on the same model folder, started; shut down after."""
     from llds_rollout.engine.vllm import VLLMEngine
 
-    v = VLLMEngine(str(tiny_model_dir), VLLMEngineSettings(max_batch_size=8, max_model_len=1024))
-    h = TransformersEngine(str(tiny_model_dir))
+    v = VLLMEngine(str(model_dir), VLLMEngineSettings(max_batch_size=8, max_model_len=1024))
+    h = TransformersEngine(str(model_dir))
     v.start()
     h.start()
     yield v, h
     v.shutdown()
     h.shutdown()
+
+
+@pytest.fixture(scope="module")
+def engines(tiny_model_dir: Path) -> Iterator[tuple[Any, TransformersEngine]]:
+    yield from engine_pair(tiny_model_dir)
 
 
 def _run(engine: Any, reqs: list[GenerationRequest]) -> list[Any]:

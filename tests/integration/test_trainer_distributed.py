@@ -36,10 +36,10 @@ dist.close()
 """
 
 
-def _run(n: int, model: Path, out: Path, script: Path) -> None:
-    out.mkdir()
+def run_ranks(n: int, script: Path, *args: str, timeout_s: float = 300) -> None:
+    """``python script ARGS`` as one process, or as ``n`` torchrun ranks (gloo) when ``n > 1``."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(script), str(model), str(out)]
+    cmd = [sys.executable, str(script), *args]
     if n > 1:
         cmd = [
             sys.executable,
@@ -49,8 +49,13 @@ def _run(n: int, model: Path, out: Path, script: Path) -> None:
             f"--nproc_per_node={n}",
             *cmd[1:],
         ]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout_s)
     assert res.returncode == 0, res.stderr[-4000:]
+
+
+def _run(n: int, model: Path, out: Path, script: Path) -> None:
+    out.mkdir()
+    run_ranks(n, script, str(model), str(out))
 
 
 def test_two_gloo_processes_match_one(tiny_model_dir: Path, tmp_path: Path) -> None:

@@ -21,13 +21,11 @@ then each other's). A resume is exact (bit-equal).
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
+from test_trainer_distributed import run_ranks
 
 pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
@@ -98,19 +96,7 @@ dist.close()
 
 def _run(n: int, parallel: str, model: Path, out: Path, script: Path) -> dict[str, Any]:
     out.mkdir()
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, str(script), str(model), str(out), parallel]
-    if n > 1:
-        cmd = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            f"--nproc_per_node={n}",
-            *cmd[1:],
-        ]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
-    assert res.returncode == 0, res.stderr[-4000:]
+    run_ranks(n, script, str(model), str(out), parallel, timeout_s=600)
     return dict(json.loads((out / "recs.json").read_text()))
 
 

@@ -214,6 +214,9 @@ class Trainer:
         rec[K.MISMATCH_ABS_LOGP_DIFF] = float(d.abs().double().mean()) if d.numel() else None
         rec[K.DATA_LOSS_TOKENS] = int(loss.sum())
         rec[K.DATA_STALE_TOKENS] = int((behind > 0).sum())
+        rec[K.DATA_MIXED_VERSION_TRAJECTORIES] = sum(
+            len({v for v, m in zip(s.versions, s.loss_mask, strict=True) if m}) > 1 for s in samples
+        )
         if self.correction is None:
             return None, {**rec, K.IS_WEIGHT_MEAN: None, K.IS_TRUNCATED_FRAC: None,
                           K.IS_MASKED_TOKEN_FRAC: None, K.IS_DROPPED_SEQ_FRAC: None}  # fmt: skip
