@@ -1,6 +1,6 @@
 """Weight swaps on the vLLM engine with `/answer`, `/answer/stream`, `/v1` and training-group
 production in flight at once: what the README's one-version guarantee covers, exactly as tested,
-under the ``drain`` swap mode and under ``inflight`` (with the KV cache recomputed).
+under each swap mode: ``drain``, ``inflight`` (with the KV cache recomputed) and ``abort``.
 
 Each published version is a copy of the tiny model fine-tuned to its own search query and its own
 answer (``VERSIONS``), so a greedy answer names the version of each of its turns: turn 1's query is
@@ -12,7 +12,7 @@ would be off by nats, not by float32 rounding.
   response reports (``weights_version``; the stream's ``done`` event, its ``turn`` events equal).
 - Training trajectories: every token's recorded version is the one that sampled it (log-probs equal
   the trainer's under that version); under ``drain`` it is constant within each engine call (one
-  assistant turn), under ``inflight`` a turn may change version once the swap reaches it; versions
+  assistant turn), under ``inflight`` and ``abort`` a turn may change version once the swap reaches it; versions
   never go backwards (the design: versions are recorded per token).
 - ``answer_consistency = "latest"`` (inflight): swaps do not wait for answers; an answer's
   ``weights_versions`` names every version its turns show.
@@ -97,7 +97,7 @@ def publish(root: Path, weights: list[Path], version: int) -> Path:
     return folder
 
 
-@pytest.fixture(scope="module", params=["drain", "inflight"])
+@pytest.fixture(scope="module", params=["drain", "inflight", "abort"])
 def service(
     request: pytest.FixtureRequest,
     weights: list[Path],
