@@ -106,7 +106,7 @@ def test_answer_on_vllm_sends_the_search_r1_base_prompt(
     monkeypatch.setattr(VLLMEngine, "generate", spy)
     with BackgroundServer(hamlet_retriever()) as retriever:
         code = answer_main(["--model", str(release_dir), "--retriever-url", retriever.url, "--max-turns", "1",
-                            "--max-tokens-per-turn", "8", "--engine.vllm-max-model-len", "1024", "--json",
+                            "--max-tokens-per-turn", "8", "--engine.max-model-len", "1024", "--json",
                             QUESTION])  # fmt: skip
     assert code == 0
     body = json.loads(capsys.readouterr().out)
