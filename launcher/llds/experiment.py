@@ -38,6 +38,9 @@ ARMS: dict[str, dict[str, Any]] = {
     "grpo": {"regularizer": {"type": "none"}},
     "grpo_llds": {"regularizer": _LLDS},
     "grpo_llds_ma": {"regularizer": _LLDS | {"answer_weight_mode": "adaptive_code"}},
+    # LLDS at five times the published lambda: at this regime's lr (50x the paper's 1e-6) the term at 0.2
+    # slowed the spiral without stopping it (EXPERIMENTS.md).
+    "grpo_llds_l1": {"regularizer": _LLDS | {"coef": 1.0}},
     "grpo_alarm": {"regularizer": {"type": "none"}, "lld": {"alarm": {"type": "enable_llds", "llds": _LLDS}}},
     # DAPO's dynamic sampling on plain GRPO: groups whose rewards are all equal are skipped, so a step
     # never reads 0 and --stop-dead cannot see a death; the trainer stops itself instead after 8 uniform
@@ -335,7 +338,8 @@ def run_one(
             stopped, why = e.step, "no learning signal: dynamic sampling's uniform-group limit"
     log = _read_log(run)
     result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0,
-                                          "start_digest": getattr(args, "start_digest", None)}  # fmt: skip
+                                          "start_digest": getattr(args, "start_digest", None),
+                                          "start_eval_em": getattr(args, "start_eval_em", None)}  # fmt: skip
     if rollout:
         result["rollout_overrides"] = rollout
     if stopped is not None:
@@ -565,14 +569,16 @@ def report(
         " half its peak and stays there (step given). Evaluation: greedy on the synthetic world's held-out split.",
         "",
         "| arm | seed | steps | reward first -> last tenth | peak MA | collapse step | logp slope turns < 0 "
-        "| first warning | alarm acted | eval EM |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| first warning | alarm acted | eval EM | start EM |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    results = [r | {"start_eval_em": _start_em(r, base)} for r in results]
     for r in results:
         lines.append(
             f"| {r['arm']} | {r['seed']} | {r['steps']} | {_f(r['reward_first'])} -> {_f(r['reward_last'])} "
             f"| {_f(r['reward_peak_ma'])} | {_f(r['collapse_step'])} | {_f(r['logp_turn_step'])} "
-            f"| {_f(r['first_warning_step'])} | {_f(r['first_action_step'])} | {_f(r.get('eval_em'))} |"
+            f"| {_f(r['first_warning_step'])} | {_f(r['first_action_step'])} | {_f(r.get('eval_em'))} "
+            f"| {_f(r['start_eval_em'])} |"
         )
     if base is not None:
         lines += ["", f"The starting policy (`{Path(base['model']).name}`), evaluated the same way: held-out EM "
@@ -592,9 +598,12 @@ def report(
     ]
     if results and todo:
         lines += ["", f"Not finished yet (the command with `--resume` runs them): {', '.join(todo)}."]
-    diffs = paired(results, "eval_em") + paired(results, "reward_last")
+    gains = [r | {"eval_em - start": r["eval_em"] - r["start_eval_em"]} for r in results
+             if r.get("eval_em") is not None and r["start_eval_em"] is not None]  # fmt: skip
+    diffs = paired(results, "eval_em") + paired(gains, "eval_em - start") + paired(results, "reward_last")
     if diffs:
-        lines += ["", "Paired by seed, against GRPO:", "", "| arms | figure | per seed | mean | std |",
+        lines += ["", "Paired by seed, against GRPO (`eval_em - start`: each run's held-out EM less its own "
+                  "starting policy's, which pairs runs that started from different policies):", "", "| arms | figure | per seed | mean | std |",
                   "|---|---|---|---|---|", *diffs]  # fmt: skip
     lines += ["", *[f"![{p.stem}]({plot_prefix}{p.name})" for p in plots], ""]
     return "\n".join(lines)
@@ -621,6 +630,15 @@ def repo_report(
     if notes.is_file():
         md += "\n" + notes.read_text()
     return md
+
+
+def _start_em(r: dict[str, Any], base: dict[str, Any] | None) -> float | None:
+    """Held-out EM of the policy run ``r`` started from: recorded with the run, else the study's
+    baseline when the digests say it is the same policy."""
+    if r.get("start_eval_em") is not None:
+        return float(r["start_eval_em"])
+    same = base is not None and base.get("digest") and r.get("start_digest") == base["digest"]
+    return float(base["eval_em"]) if same and base is not None else None
 
 
 def _starts(results: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -797,7 +815,8 @@ def main(argv: list[str] | None = None) -> int:
     else:
         _write_study(args, seeds, arms)
         # The starting policy's digest (from its evaluation) is recorded in each run's result.
-        args.start_digest = (baseline(args) or {}).get("digest")
+        start = baseline(args) or {}
+        args.start_digest, args.start_eval_em = start.get("digest"), start.get("eval_em")
         results = []
         for s in seeds:
             for a in arms:

@@ -441,3 +441,37 @@ def test_the_starting_policy_is_recorded_by_digest_and_a_mixed_study_says_so(tmp
     mixed = [run | {"start_digest": da}, run | {"arm": "grpo_ds", "start_digest": db}, run | {"seed": 1}]
     md = experiment.report(mixed, args, [])
     assert f"{da}: grpo-s0; {db}: grpo_ds-s0; not recorded: grpo-s1" in md
+
+
+def test_each_run_is_paired_by_its_gain_over_its_own_starting_policy() -> None:
+    """Runs that started from different policies (a warm start rebuilt on another machine) still pair:
+    the report shows each run's start EM (recorded, or the baseline's when the digests match) and the
+    per-seed differences of EM less start EM."""
+    args = argparse.Namespace(
+        preset="cpu-collapse", steps=20, eval_limit=100, seeds="0,1", arms="grpo,grpo_llds"
+    )
+    run = experiment.summarize("grpo", 0, STEADY)
+    results = [
+        run | {"eval_em": 0.0, "start_eval_em": 0.82},
+        run | {"arm": "grpo_llds", "eval_em": 0.7, "start_digest": "d2"},  # start EM from the baseline
+        run | {"seed": 1, "eval_em": 0.1, "start_eval_em": 0.82},
+        run | {"arm": "grpo_llds", "seed": 1, "eval_em": 0.6, "start_digest": "other"},  # unknown start
+    ]
+    base = {"model": "/m/policy", "digest": "d2", "eval_em": 0.78, "eval_n": 100}
+    md = experiment.report(results, args, [], base=base)
+    assert "| eval EM | start EM |" in md
+    assert "| 0.700 | 0.780 |" in md and "| 0.600 | - |" in md
+    assert "| grpo_llds - grpo | eval_em | s0: +0.700, s1: +0.500 | +0.600 | 0.141 |" in md
+    # s0: (0.70 - 0.78) - (0.00 - 0.82) = +0.74; s1 has no known start for grpo_llds, so it is left out.
+    assert "| grpo_llds - grpo | eval_em - start | s0: +0.740 | +0.740 | - |" in md
+
+
+@pytest.mark.parametrize("arm", list(experiment.ARMS))
+def test_every_arm_is_a_valid_trainer_config_on_the_collapse_preset(arm: str) -> None:
+    cfg = TrainerConfig(
+        **experiment.merged(experiment.preset_config("cpu-collapse", "trainer"), experiment.ARMS[arm])
+    )
+    llds = cfg.regularizer.type == "llds" or cfg.lld.alarm.type == "enable_llds"
+    assert llds == ("llds" in arm or "alarm" in arm)
+    if arm == "grpo_llds_l1":
+        assert cfg.regularizer.coef == 1.0
