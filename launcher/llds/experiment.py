@@ -468,6 +468,11 @@ def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) ->
     study["arms"] = ",".join(
         sorted(seen_arms, key=lambda a: (list(ARMS).index(a) if a in ARMS else len(ARMS), a))
     )
+    # The (arm, seed) runs some piece asked for: the union of --seeds x --arms over-states a study run in
+    # pieces (`--seeds 2 --arms grpo` does not plan grpo_ds on seed 2).
+    planned = [tuple(x) for x in old.get("planned", [])]
+    planned += [(a, s) for s in seeds for a in arms if (a, s) not in planned]
+    study["planned"] = args.planned = [list(x) for x in planned]
     path.write_text(json.dumps(study) + "\n")
 
 
@@ -590,12 +595,10 @@ def report(
     if not results:
         lines += ["", "No (arm, seed) run of this command has finished yet."]
     have = {(r["arm"], r["seed"]) for r in results}
-    todo = [
-        f"{a} s{s}"
-        for s in _ints(str(args.seeds))
-        for a in str(args.arms).split(",")
-        if a and (a, s) not in have
-    ]
+    planned = getattr(args, "planned", None) or [
+        (a, s) for s in _ints(str(args.seeds)) for a in str(args.arms).split(",") if a
+    ]  # a study recorded before pieces were: every arm on every seed
+    todo = [f"{a} s{s}" for a, s in planned if (a, s) not in have]
     if results and todo:
         lines += ["", f"Not finished yet (the command with `--resume` runs them): {', '.join(todo)}."]
     gains = [r | {"eval_em - start": r["eval_em"] - r["start_eval_em"]} for r in results
