@@ -470,9 +470,9 @@ def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) ->
     )
     # The (arm, seed) runs some piece asked for: the union of --seeds x --arms over-states a study run in
     # pieces (`--seeds 2 --arms grpo` does not plan grpo_ds on seed 2).
-    planned = [tuple(x) for x in old.get("planned", [])]
-    planned += [(a, s) for s in seeds for a in arms if (a, s) not in planned]
-    study["planned"] = args.planned = [list(x) for x in planned]
+    planned = old.get("planned", [])
+    planned += [[a, s] for s in seeds for a in arms if [a, s] not in planned]
+    study["planned"] = args.planned = planned
     path.write_text(json.dumps(study) + "\n")
 
 
@@ -640,8 +640,9 @@ def _start_em(r: dict[str, Any], base: dict[str, Any] | None) -> float | None:
     baseline when the digests say it is the same policy."""
     if r.get("start_eval_em") is not None:
         return float(r["start_eval_em"])
-    same = base is not None and base.get("digest") and r.get("start_digest") == base["digest"]
-    return float(base["eval_em"]) if same and base is not None else None
+    if base and base.get("digest") and r.get("start_digest") == base["digest"]:
+        return float(base["eval_em"])
+    return None
 
 
 def _starts(results: list[dict[str, Any]]) -> dict[str, list[str]]:
@@ -827,7 +828,9 @@ def main(argv: list[str] | None = None) -> int:
     logs = load_logs(args.out, results)
     plots = plot(results, logs, args.out)
     found = args.out / "baseline" / "result.json"
-    base = json.loads(found.read_text()) if found.is_file() else None
+    # A study's folder keeps it there; the repository's copy (docs/experiment-lld) as baseline.json.
+    copy = found if found.is_file() else args.out / "baseline.json"
+    base = json.loads(copy.read_text()) if copy.is_file() else None
     md = report(results, args, plots, base=base)
     (args.out / "EXPERIMENTS.md").write_text(md)
     if args.write_repo_report:
