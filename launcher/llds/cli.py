@@ -39,6 +39,9 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ),
     ("warmstart",): ("llds_trainer.warmstart", "main", "fine-tune the policy on protocol demonstrations"),
     ("world", "build"): ("llds.world", "main", "write the synthetic world (corpus + questions)"),
+    ("start", "list"): ("llds.starts", "main", "the starting policies that ship with the project"),
+    ("start", "path"): ("llds.starts", "main", "print a shipped start's merged policy folder (merged once)"),
+    ("start", "build"): ("llds.starts", "main", "train, merge, evaluate and write a new LoRA start"),
     ("dashboard", "serve"): ("llds.dashboard.cli", "main", "serve the live training dashboard"),
     ("eval",): ("llds.evaluate", "main", "evaluate a policy (exact match, F1) on a question set"),
     ("report",): ("llds.report", "main", "plot a run's reward and LLD signals"),
@@ -52,6 +55,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("bench", "rollout"): ("llds.bench", "rollout_main", "async vs synchronous rollout, swap time"),
     ("bench", "trainer"): ("llds.bench", "trainer_main", "GRPO vs GRPO+LLDS step time"),
     ("bench", "swaps"): ("llds.bench", "swaps_main", "weight-swap stall and /answer latency per swap mode"),
+    ("bench", "step"): (
+        "llds_bench.step",
+        "main",
+        "where a CPU training step goes; new settings vs a baseline",
+    ),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),
     ("bench", "soak"): (
         "llds.bench",
@@ -62,7 +70,8 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
 }
 
 # Subcommands whose routed function still expects the sub-verb ("build"/"info") in argv.
-_KEEP_VERB = {("index", "build"), ("index", "info"), ("world", "build")}
+_KEEP_VERB = {("index", "build"), ("index", "info"), ("world", "build"), ("start", "list"), ("start", "path"),
+              ("start", "build")}  # fmt: skip
 
 # Subcommands that run the inference engine: they run under an interpreter with vLLM (see
 # vllm_python), which also has everything else, so either backend works there.

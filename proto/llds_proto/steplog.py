@@ -123,7 +123,20 @@ ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 
 # ------------------------------------------------------------------ timing
 PERF_STEP_S = "perf/step_s"
-"""Wall time of the step (seconds)."""
+"""Wall time of the learner's step: scoring, updates and the LLD probe (seconds)."""
+PERF_WAIT_S = "perf/wait_s"
+"""Time the trainer waited for the step's groups (reading the stream, seconds)."""
+PERF_PROBE_S = "perf/probe_s"
+"""Time of the LLD probe pass after the last update (seconds; part of ``perf/step_s``)."""
+PERF_PREV_CHECKPOINT_S = "perf/prev_checkpoint_s"
+"""Time the *previous* step's checkpoint took (seconds; a step's record is written before its own
+checkpoint, so its checkpoint, publish and notify times go into the next record; null on the first
+step after a start)."""
+PERF_PREV_PUBLISH_S = "perf/prev_publish_s"
+"""Time the previous step's weights took to write to the weights root (seconds; null as above, 0
+on a step that did not publish)."""
+PERF_PREV_NOTIFY_S = "perf/prev_notify_s"
+"""Time the previous step's notices took until every replica answered, i.e. had swapped (seconds)."""
 PERF_OLD_PASS_S = "perf/old_pass_s"
 """Time of the pi_old (and reference) scoring pass (seconds)."""
 PERF_UPDATE_S = "perf/update_s"

@@ -297,6 +297,14 @@ class Trainer:
         sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
         return sums, ratio_max, grad_norms, nonfinite
 
+    def _probe(self, samples: list[Sample]) -> list[Tensor]:
+        """Log-probs after the step's last update, of the micro-batches that hold a correct response:
+        the displacement signals read no other (``llds_trainer.signals``). Rows not scored are empty."""
+        correct = {i for i, s in enumerate(samples) if s.correct}
+        if not correct:
+            return [torch.zeros(0) for _ in samples]
+        return self.scorer.score(samples, entropy=False, ref=False, only=correct)[0]
+
     # ------------------------------------------------------------------ the step
     def train_step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
         """One RL step on ``groups``; returns the step's log record (slash-namespaced keys)."""
@@ -333,7 +341,8 @@ class Trainer:
         t_train = time.perf_counter()
         n_micro = max(sums["micro"], 1)
 
-        after = self.scorer.score(samples, entropy=False, ref=False)[0] if cfg.lld.probe else None
+        after = self._probe(samples) if cfg.lld.probe else None
+        t_probe = time.perf_counter()
         self.state.step += 1
         rec: dict[str, Any] = {
             K.STEP: self.state.step,
@@ -368,6 +377,7 @@ class Trainer:
             K.ROLLOUT_RESPONSE_LEN_MEAN: sum(len(s.response_ids) for s in samples) / len(samples),
             K.PERF_OLD_PASS_S: t_old - t0,
             K.PERF_UPDATE_S: t_train - t_old,
+            K.PERF_PROBE_S: t_probe - t_train,
             K.PERF_TRAIN_TOKENS_PER_S: sums["train_tokens"] / max(t_train - t_old, 1e-9),
         }
         rec.update(lld_signals(samples, old, ent, after))

@@ -18,6 +18,57 @@ from llds_trainer.dist import DistContext
 from llds_trainer.loss import entropy_from_logits, token_logprobs
 
 
+def target_logprobs(
+    model: torch.nn.Module,
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    targets: Tensor,
+    loss_mask: Tensor,
+    *,
+    temperature: float = 1.0,
+    autocast: torch.dtype | None = None,
+    want_entropy: bool = False,
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of the targets on loss-mask positions (and the entropy there), zero elsewhere.
+
+    The language-model head and the vocabulary-wide softmax run on the loss-mask positions alone
+    (the union over the rows, passed to the model as ``logits_to_keep``): prompt and retrieved
+    documents are most of a trajectory's tokens, and on a small model the head and softmax over a
+    49k vocabulary cost about as much as the layers, in float32 ``[B, L, V]`` memory.
+
+    Args:
+        input_ids: ``[B, L]``; attention_mask: ``[B, L]``.
+        targets: ``[B, L-1]`` (position ``j`` predicts ``input_ids[:, j + 1]``).
+        loss_mask: ``[B, L-1]`` 0/1.
+
+    Returns:
+        ``[B, L-1]`` float32 log-probs and, if asked, entropies (nats).
+    """
+    logp = torch.zeros(targets.shape, dtype=torch.float32, device=targets.device)  # [B, L-1]
+    ent = torch.zeros_like(logp) if want_entropy else None
+    positions = loss_mask.bool().any(0).nonzero().squeeze(1)  # [P] target positions any row scores
+    if positions.numel() == 0:
+        # The forward still runs (one position, nothing selected): a backward through it must find
+        # a graph, and a sharded model's forward is a collective every rank joins.
+        positions = torch.tensor([targets.shape[1] - 1], device=targets.device)
+    with torch.autocast(input_ids.device.type, dtype=autocast, enabled=autocast is not None):
+        out = model(
+            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=positions
+        )
+    sel = loss_mask[:, positions].bool()  # [B, P]
+    logits = out.logits[sel].float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    picked = torch.zeros(sel.shape, dtype=torch.float32, device=logp.device)  # [B, P]
+    picked[sel] = token_logprobs(logits[None], targets[:, positions][sel][None])[0]
+    logp[:, positions] = picked
+    if ent is not None:
+        e = torch.zeros_like(picked)  # [B, P]
+        e[sel] = entropy_from_logits(logits[None])[0]
+        ent[:, positions] = e
+    return logp, ent
+
+
 @dataclass
 class Scorer:
     """Log-probs of a policy (and a frozen reference) on collated micro-batches."""
@@ -37,27 +88,11 @@ class Scorer:
     def logp(
         self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
     ) -> tuple[Tensor, Tensor | None]:
-        """Log-probs ``[B, L-1]`` of the targets (and entropy), zero before the first response token."""
-        Lm1 = mb.targets.shape[1]
-        start = max(0, int(mb.loss_mask.nonzero()[:, 1].min()) if mb.loss_mask.any() else Lm1 - 1)
-        keep = Lm1 + 1 - start  # positions start..L-1; the last one predicts past the end
-        with torch.autocast(self.device.type, dtype=self.autocast, enabled=self.autocast is not None):
-            out = model(
-                input_ids=mb.input_ids, attention_mask=mb.attention_mask, use_cache=False, logits_to_keep=keep
-            )
-        # Only loss-mask positions are ever used; the vocabulary-wide softmax dominates the cost of
-        # a small model, so it runs on those rows alone.
-        sel = mb.loss_mask[:, start:].bool()  # [B, L-1-start]
-        logits = out.logits[:, :-1][sel].float()  # [N, V]
-        if self.temperature != 1.0:
-            logits = logits / self.temperature
-        logp = torch.zeros(mb.targets.shape, dtype=torch.float32, device=logits.device)  # [B, L-1]
-        logp[:, start:][sel] = token_logprobs(logits[None], mb.targets[:, start:][sel][None])[0]
-        ent = None
-        if want_entropy:
-            ent = torch.zeros_like(logp)  # [B, L-1]
-            ent[:, start:][sel] = entropy_from_logits(logits[None])[0]
-        return logp, ent
+        """Log-probs ``[B, L-1]`` of the targets (and entropy), zero off the loss mask."""
+        return target_logprobs(
+            model, mb.input_ids, mb.attention_mask, mb.targets, mb.loss_mask,
+            temperature=self.temperature, autocast=self.autocast, want_entropy=want_entropy,
+        )  # fmt: skip
 
     def micro_batches(self, order: Sequence[int]) -> list[list[int]]:
         k = self.micro_batch_size
@@ -72,12 +107,20 @@ class Scorer:
 
     @torch.no_grad()
     def score(
-        self, samples: list[Sample], *, entropy: bool, ref: bool
+        self, samples: list[Sample], *, entropy: bool, ref: bool, only: set[int] | None = None
     ) -> tuple[list[Tensor], list[Tensor] | None, list[Tensor] | None]:
-        """Response-aligned log-probs of every sample under the policy (and entropy, reference)."""
+        """Response-aligned log-probs of every sample under the policy (and entropy, reference).
+
+        ``only``: score just the micro-batches that hold one of these samples (the others' rows come
+        back empty). The micro-batches are the ones a full pass makes, so a sample's values are the
+        bits a full pass gives: unchanged weights give a displacement of exactly zero.
+        """
         self.model.eval()
+        micros = self.micro_batches(range(len(samples)))
+        if only is not None:
+            micros = [m for m in micros if any(i in only for i in m)]
         mine: dict[int, tuple[list[float], list[float] | None, list[float] | None]] = {}
-        for idx, real in self.mine(self.micro_batches(range(len(samples)))):
+        for idx, real in self.mine(micros):
             mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
             logp, ent = self.logp(self.model, mb, entropy)
             ref_lp = self.logp(self.ref_model, mb, False)[0] if ref and self.ref_model is not None else None
@@ -93,9 +136,14 @@ class Scorer:
         merged: dict[int, Any] = {}
         for part in self.dist.all_gather_object(mine):
             merged.update(part)
-        lp = [torch.tensor(merged[i][0]) for i in range(len(samples))]
-        en = [torch.tensor(merged[i][1]) for i in range(len(samples))] if entropy else None
-        rf = [torch.tensor(merged[i][2]) for i in range(len(samples))] if ref and self.ref_model else None
+        none = ([], [], [])
+        lp = [torch.tensor(merged.get(i, none)[0]) for i in range(len(samples))]
+        en = [torch.tensor(merged.get(i, none)[1]) for i in range(len(samples))] if entropy else None
+        rf = (
+            [torch.tensor(merged.get(i, none)[2]) for i in range(len(samples))]
+            if ref and self.ref_model
+            else None
+        )
         return lp, en, rf
 
     def place(self, mb: MicroBatch, samples: list[Sample], values: list[Tensor]) -> Tensor:

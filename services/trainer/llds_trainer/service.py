@@ -74,6 +74,9 @@ class TrainerService:
         self._uniform_skipped = 0
         """Groups skipped by dynamic sampling while the current step's batch was read."""
         """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
+        self._prev_timings: dict[str, float | None] = {
+            K.PERF_PREV_CHECKPOINT_S: None, K.PERF_PREV_PUBLISH_S: None, K.PERF_PREV_NOTIFY_S: None}  # fmt: skip
+        """Checkpoint, publish and notify times of the step before, for the next step's record."""
         self.completed_step = 0
         self.run_dir = Path(cfg.run_dir)
         self.writers: list[Any] = []
@@ -212,13 +215,22 @@ class TrainerService:
         dist = self.trainer.dist
         # No stop check here: rank 0's fetch sees the stop and broadcasts None, so all ranks leave together.
         while not self.done:
+            t_wait = time.perf_counter()
             groups, entry_ids = self._next_batch()
             if groups is None:
                 break
             self.state = "training"
             step = st.step + 1
             failpoint("after_fetch", step)
+            wait_s = time.perf_counter() - t_wait
             rec = self.trainer.train_step(groups)
+            rec[K.PERF_WAIT_S] = wait_s
+            rec.update(self._prev_timings)
+            self._prev_timings = {
+                K.PERF_PREV_CHECKPOINT_S: 0.0,
+                K.PERF_PREV_PUBLISH_S: 0.0,
+                K.PERF_PREV_NOTIFY_S: 0.0,
+            }
             if self.cfg.dynamic_sampling:
                 n, self._uniform_skipped = self._uniform_skipped, 0
                 rec[K.DATA_UNIFORM_SKIPPED] = n
@@ -282,6 +294,7 @@ class TrainerService:
         if not self.trainer.dist.is_main:
             return
         self.metrics.checkpoint_seconds.set(time.perf_counter() - t)
+        self._prev_timings[K.PERF_PREV_CHECKPOINT_S] = time.perf_counter() - t
         failpoint("after_checkpoint", step)
         # The info written with the acknowledgement already names the version this step publishes and
         # no trained-but-unacknowledged entries: a rollout never sees the queue shrink while the info
@@ -427,6 +440,8 @@ class TrainerService:
         if not dist.is_main:
             return
         self.metrics.publish_seconds.set(time.perf_counter() - t)
+        self._prev_timings[K.PERF_PREV_PUBLISH_S] = time.perf_counter() - t
+        t_notify = time.perf_counter()
         self.redis.set(self.keys.trainer_version, str(version))
         self.metrics.version.set(version)
         if version == 0:
@@ -452,6 +467,7 @@ class TrainerService:
         else:
             notice = WeightUpdateNotice(version=version, path=version_dir_name(version), step=step)
             results = notify_replicas(urls, notice, self.admin_token, self.cfg.notify_timeout_s)
+        self._prev_timings[K.PERF_PREV_NOTIFY_S] = time.perf_counter() - t_notify
         for res in results:
             if not res.ok:
                 self.metrics.notify_failures.inc()

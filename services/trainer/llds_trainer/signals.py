@@ -20,7 +20,8 @@ def mean(xs: Sequence[float]) -> float | None:
 def lld_signals(
     samples: list[Sample], old: list[Tensor], ent: list[Tensor] | None, after: list[Tensor] | None
 ) -> dict[str, float | None]:
-    """Spec section 5 signals on correct responses (log-probs under pi_old, displacement after the step)."""
+    """Spec section 5 signals on correct responses (log-probs under pi_old, displacement after the step;
+    ``after`` is read on correct responses alone)."""
     corr_tok, corr_n, corr_resp = 0.0, 0, []
     inc_tok, inc_n = 0.0, 0
     first_lp, first_n, later_lp, later_n = 0.0, 0, 0.0, 0

@@ -123,27 +123,97 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, help="output folder (written atomically)")
     p.add_argument("--epochs", type=int, default=1)
     p.add_argument("--lr", type=float, default=None, help="default 3e-5 full, 2e-4 LoRA")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--batch-size", type=int, default=8, help="demonstrations per optimizer step")
+    p.add_argument(
+        "--micro-batch-size", type=int, default=2,
+        help="demonstrations per forward (a batch's gradient is accumulated over its micro-batches; "
+        "the update is the same, the padding and memory are smaller)",
+    )  # fmt: skip
     mode = p.add_mutually_exclusive_group()
     mode.add_argument("--full", dest="lora", action="store_false", help="full fine-tune (default)")
     mode.add_argument(
-        "--lora", dest="lora", action="store_true", help="LoRA, merged into the weights at save"
-    )
+        "--lora", dest="lora", action="store_true",
+        help="LoRA; the output is the base with the adapter merged bit-identically on any machine "
+        "(llds_trainer.adapter), the adapter itself in OUT/adapter",
+    )  # fmt: skip
     p.set_defaults(lora=False)
     p.add_argument("--lora-rank", type=int, default=16)
     p.add_argument("--lora-alpha", type=int, default=32)
-    p.add_argument("--save-adapter", help="also write the LoRA adapter (before merging) to this folder")
+    p.add_argument(
+        "--lora-targets", default=",".join(LORA_TARGETS), help="comma-separated module names LoRA adapts"
+    )
+    p.add_argument(
+        "--lora-layers", default="",
+        help="decoder layers LoRA adapts, e.g. 15-29 or 0,2,4 (default all); layers below the lowest "
+        "adapted one need no backward, which makes a step cheaper",
+    )  # fmt: skip
+    p.add_argument("--save-adapter", help="also copy the LoRA adapter to this folder")
     p.add_argument("--max-examples", type=int, default=None)
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--threads", type=int, default=0, help="torch threads (0 = default)")
+    p.add_argument(
+        "--autocast", choices=["auto", "bfloat16", "none"], default="auto",
+        help="forward dtype: auto = bfloat16 where the CPU (AVX512-BF16, AMX) or GPU has it natively, "
+        "else float32; the weights and optimizer stay float32",
+    )  # fmt: skip
     return p
+
+
+def batches(samples: list[Any], batch_size: int, micro: int, rng: random.Random) -> list[list[list[int]]]:
+    """One epoch: shuffled batches of ``batch_size``, each split into micro-batches of similar length
+    (sorted inside the batch, which changes padding, not the batch's gradient)."""
+    order = list(range(len(samples)))
+    rng.shuffle(order)
+    out = []
+    for i in range(0, len(order), batch_size):
+        batch = sorted(
+            order[i : i + batch_size], key=lambda j: len(samples[j].prompt_ids) + len(samples[j].response_ids)
+        )
+        out.append([batch[k : k + micro] for k in range(0, len(batch), micro)])
+    return out
+
+
+def parse_layers(spec: str) -> list[int] | None:
+    """``"15-29"`` / ``"0,2,4"`` / ``"0-3,8"`` -> layer indices; ``""`` -> None (all layers)."""
+    if not spec.strip():
+        return None
+    out: list[int] = []
+    for part in spec.split(","):
+        a, _, b = part.strip().partition("-")
+        try:
+            lo, hi = int(a), int(b or a)
+        except ValueError as e:
+            raise WarmstartError(f"--lora-layers {spec!r}: {part!r} is not N or N-M") from e
+        if lo < 0 or hi < lo:
+            raise WarmstartError(f"--lora-layers {spec!r}: {part!r} is not a range of layer indices")
+        out.extend(range(lo, hi + 1))
+    return sorted(set(out))
+
+
+def _peak_rss_gib() -> float:
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20  # KiB on Linux
 
 
 def main(argv: list[str]) -> int:
     args = _parser().parse_args(argv)
     world, out = Path(args.world), Path(args.out)
-    if args.epochs < 1 or args.batch_size < 1:
-        print("llds warmstart: --epochs and --batch-size must be >= 1", file=sys.stderr)
+    for flag in ("epochs", "batch_size", "micro_batch_size", "lora_rank"):
+        if getattr(args, flag) < 1:
+            print(
+                f"llds warmstart: --{flag.replace('_', '-')} must be >= 1, got {getattr(args, flag)}",
+                file=sys.stderr,
+            )
+            return 2
+    targets = [t.strip() for t in args.lora_targets.split(",") if t.strip()]
+    if args.lora and not targets:
+        print(f"llds warmstart: --lora-targets names no module: {args.lora_targets!r}", file=sys.stderr)
+        return 2
+    try:
+        layers = parse_layers(args.lora_layers)
+    except WarmstartError as e:
+        print(f"llds warmstart: {e}", file=sys.stderr)
         return 2
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s %(message)s")
     import torch
@@ -151,11 +221,13 @@ def main(argv: list[str]) -> int:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from llds_trainer.batch import Sample, collate
-    from llds_trainer.loss import aggregate
+    from llds_trainer.precision import resolve_precision
+    from llds_trainer.scoring import target_logprobs
 
     if args.threads:
         torch.set_num_threads(args.threads)
     torch.manual_seed(args.seed)
+    precision = resolve_precision(args.autocast, "cpu")
     tok = AutoTokenizer.from_pretrained(args.model)
     try:
         demos = build_demonstrations(tok, world, args.max_examples, args.seed)
@@ -173,11 +245,19 @@ def main(argv: list[str]) -> int:
             LoraConfig(
                 r=args.lora_rank,
                 lora_alpha=args.lora_alpha,
-                target_modules=list(LORA_TARGETS),
+                target_modules=targets,
                 lora_dropout=0.0,
+                layers_to_transform=layers,
             ),
         )
     params = [p for p in model.parameters() if p.requires_grad]
+    where = f" of layers {args.lora_layers}" if layers else ""
+    what = f"LoRA rank {args.lora_rank} on {','.join(targets)}{where}" if args.lora else "full fine-tune"
+    print(
+        f"warmstart: {len(demos)} demonstrations, {what}, {sum(p.numel() for p in params):,} trained "
+        f"parameters, {precision.reason}, {torch.get_num_threads()} threads",
+        flush=True,
+    )
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0)
     samples = [
         Sample(d.row_id, d.row_id, tuple(d.prompt_ids), tuple(d.response_ids), tuple(d.loss_mask),
@@ -190,46 +270,62 @@ def main(argv: list[str]) -> int:
     n_tokens = 0
     losses: list[float] = []
     model.train()
-    steps = args.epochs * ((len(samples) + args.batch_size - 1) // args.batch_size)
-    bar = tqdm(total=steps, desc="warmstart", unit="batch")
-    for _ in range(args.epochs):
-        order = list(range(len(samples)))
-        rng.shuffle(order)
-        for i in range(0, len(order), args.batch_size):
-            idx = order[i : i + args.batch_size]
-            mb = collate([samples[j] for j in idx], idx, int(pad))
-            logits = model(input_ids=mb.input_ids, attention_mask=mb.attention_mask).logits[:, :-1].float()
-            logp = torch.log_softmax(logits, -1).gather(-1, mb.targets.unsqueeze(-1)).squeeze(-1)  # [B, L-1]
-            loss = -aggregate(logp, mb.loss_mask, "token_mean")
+    plan = [
+        b for _ in range(args.epochs) for b in batches(samples, args.batch_size, args.micro_batch_size, rng)
+    ]
+    bar = tqdm(total=len(plan), desc="warmstart", unit="batch")
+    for batch in plan:
+        n_loss = sum(samples[j].n_loss_tokens for micro in batch for j in micro)
+        total = 0.0
+        for micro in batch:
+            mb = collate([samples[j] for j in micro], micro, int(pad))
+            logp, _ = target_logprobs(
+                model,
+                mb.input_ids,
+                mb.attention_mask,
+                mb.targets,
+                mb.loss_mask,
+                autocast=precision.torch_dtype(),
+            )  # [B, L-1], zero off the loss mask
+            # The batch's token mean, accumulated: each micro-batch adds its share of the sum.
+            loss = -(logp * mb.loss_mask).sum() / max(n_loss, 1)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(params, 1.0)
-            opt.step()
-            opt.zero_grad(set_to_none=True)
+            total += float(loss.detach())
             n_tokens += int(mb.attention_mask.sum())
-            losses.append(float(loss.detach()))
-            bar.update(1)
-            bar.set_postfix(loss=f"{losses[-1]:.3f}")
+        torch.nn.utils.clip_grad_norm_(params, 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        losses.append(total)
+        bar.update(1)
+        bar.set_postfix(loss=f"{total:.3f}")
     bar.close()
     elapsed = time.perf_counter() - t0
-    if args.lora:
-        if args.save_adapter:
-            model.save_pretrained(args.save_adapter)
-        model = model.merge_and_unload()
     out.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
-    model.save_pretrained(tmp, safe_serialization=True)
+    if args.lora:
+        from llds_trainer.adapter import merge_folder
+
+        model.save_pretrained(tmp / "adapter")
+        if args.save_adapter:
+            shutil.copytree(tmp / "adapter", args.save_adapter, dirs_exist_ok=True)
+        merge_folder(args.model, tmp / "adapter", tmp)
+    else:
+        model.save_pretrained(tmp, safe_serialization=True)
     tok.save_pretrained(tmp)
-    (tmp / "warmstart.json").write_text(
-        json.dumps({"examples": len(demos), "epochs": args.epochs, "lr": lr, "lora": args.lora,
-                    "loss_first": losses[0], "loss_last": losses[-1], "seconds": elapsed})
-    )  # fmt: skip
+    info = {"examples": len(demos), "epochs": args.epochs, "lr": lr, "lora": args.lora,
+            "lora_rank": args.lora_rank if args.lora else None, "lora_alpha": args.lora_alpha if args.lora else None,
+            "lora_targets": targets if args.lora else None, "lora_layers": layers if args.lora else None, "batch_size": args.batch_size, "seed": args.seed,
+            "precision": precision.autocast, "loss_first": losses[0], "loss_last": losses[-1],
+            "seconds": elapsed, "tokens": n_tokens, "peak_rss_gib": round(_peak_rss_gib(), 3),
+            "threads": torch.get_num_threads()}  # fmt: skip
+    (tmp / "warmstart.json").write_text(json.dumps(info, indent=1) + "\n")
     if out.exists():
         shutil.rmtree(out)
     os.replace(tmp, out)
     print(
-        f"warmstart: {len(demos)} demonstrations x {args.epochs} epoch(s), {'LoRA' if args.lora else 'full'} lr {lr:g}\n"
+        f"warmstart: {len(demos)} demonstrations x {args.epochs} epoch(s), {'LoRA' if args.lora else 'full'} lr {lr:g}, {precision.reason}\n"
         f"  loss {losses[0]:.3f} -> {losses[-1]:.3f}, {n_tokens} tokens in {elapsed:.0f} s "
-        f"({n_tokens / max(elapsed, 1e-9):.0f} tokens/s)\n  wrote {out}"
+        f"({n_tokens / max(elapsed, 1e-9):.0f} tokens/s), peak memory {info['peak_rss_gib']:.2f} GiB\n  wrote {out}"
     )
     return 0
 

@@ -162,3 +162,29 @@ def test_bf16_autocast_keeps_float32_master_weights(tiny_model_dir: Path, groups
     assert changed > 0.9 * sum(b.numel() for b in before)
     w = torch.randn(4096) * 0.02
     assert int((w.bfloat16() + 1e-6).ne(w.bfloat16()).sum()) < 0.05 * w.numel()  # bf16 loses the step
+
+
+def test_the_probe_scores_correct_responses_alone_with_the_full_passes_values(
+    tiny_model_dir: Path, groups: list[Any]
+) -> None:
+    from llds_trainer.batch import samples_from_groups
+    from llds_trainer.signals import lld_signals
+
+    tr = Trainer(_cfg(tiny_model_dir))
+    tr.train_step(groups[:2])
+    samples = samples_from_groups(groups[2:])
+    samples.sort(key=lambda s: s.correct)  # wrong ones first: whole micro-batches without a correct one
+    assert 2 <= sum(not s.correct for s in samples) and any(s.correct for s in samples)
+    probe = tr._probe(samples)
+    full = tr.scorer.score(samples, entropy=False, ref=False)[0]
+    pairs = [i for i in range(0, len(samples), 2) if not (samples[i].correct or samples[i + 1].correct)]
+    assert pairs  # some micro-batch (2 samples) holds no correct response: it is not scored
+    for i, (s, p, f) in enumerate(zip(samples, probe, full, strict=True)):
+        if s.correct:
+            assert torch.equal(p, f)  # the full pass's bits: same micro-batches
+        elif i - i % 2 in pairs:
+            assert p.numel() == 0
+    old = tr.scorer.score(samples, entropy=True, ref=False)
+    assert lld_signals(samples, old[0], old[1], probe) == lld_signals(samples, old[0], old[1], full)
+    # Unchanged weights: nothing fell, exactly.
+    assert lld_signals(samples, old[0], old[1], probe)["lld/fell_fraction_responses"] == 0.0
