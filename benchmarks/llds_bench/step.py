@@ -62,6 +62,13 @@ PHASES = (
 """Step phases: name, the step-log key that times it, what it is."""
 
 
+def cpu_times() -> tuple[int, int]:
+    """(steal, total) jiffies of all CPUs since boot (``/proc/stat``): a virtual machine's steal is CPU
+    time the hypervisor gave to others, which slows every phase alike and is reported beside the figures."""
+    fields = [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    return (fields[7] if len(fields) > 7 else 0), sum(fields)
+
+
 class BenchError(RuntimeError):
     """A variant's run failed or logged too few steps; the message names it and its log."""
 
@@ -112,8 +119,13 @@ def run_variant(
            "--trainer-port", "0", "--redis-port", "0", *v["up"]]  # fmt: skip
     print(f"== {name}: llds up from {tree} ({steps} steps)", flush=True)
     t0 = time.monotonic()
+    steal0, total0 = cpu_times()
     with (folder / "up.log").open("w") as log:
         res = subprocess.run(cmd, cwd=tree, env=env, stdout=log, stderr=subprocess.STDOUT)
+    steal1, total1 = cpu_times()
+    (folder / "steal.json").write_text(
+        json.dumps({"steal_frac": (steal1 - steal0) / max(total1 - total0, 1)})
+    )
     log_path = run / "trainer" / "train_log.jsonl"
     recs = (
         [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.is_file() else []
@@ -155,21 +167,23 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         f"(merged digest {meta['policy_digest']}). Baseline: the tree at `{meta['baseline_ref']}` (code and "
         f"configs as committed then). {meta['steps']} steps a variant, the first {meta['warmup']} left out; "
         "medians over the rest. Phases that do not add up to the step overlap (the rollout generates "
-        "while the trainer trains) or were not logged by that tree (blank).",
+        "while the trainer trains) or were not logged by that tree (blank). CPU steal: the share of the "
+        "machine's CPU time the hypervisor gave to other guests while the variant ran.",
         "",
         "| variant | step (s) | ratio to baseline | "
         + " | ".join(p for p, _, _ in PHASES)
-        + " | mismatch KL | response tokens |",
-        "|---|---|---|" + "---|" * len(PHASES) + "---|---|",
+        + " | mismatch KL | response tokens | CPU steal |",
+        "|---|---|---|" + "---|" * len(PHASES) + "---|---|---|",
     ]
     for name, r in results.items():
         ratio = f"{r['step_wall_s'] / base:.2f}" if base and r.get("step_wall_s") else "-"
         cells = [f"{r[p]:.1f}" if r.get(p) is not None else "" for p, _, _ in PHASES]
         kl = r.get(K.MISMATCH_KL)
         resp = r.get(K.ROLLOUT_RESPONSE_LEN_MEAN)
-        lines.append(f"| {name} | {r['step_wall_s']:.1f} | {ratio} | " + " | ".join(cells)
-                     + f" | {kl:.2e} | {resp:.0f} |" if kl is not None and resp is not None else
-                     f"| {name} | {r['step_wall_s']:.1f} | {ratio} | " + " | ".join(cells) + " | | |")  # fmt: skip
+        tail = f"{kl:.2e} | " if kl is not None else " | "
+        tail += f"{resp:.0f} | " if resp is not None else " | "
+        tail += f"{100 * r['cpu_steal_frac']:.0f}% |" if r.get("cpu_steal_frac") is not None else " |"
+        lines.append(f"| {name} | {r['step_wall_s']:.1f} | {ratio} | " + " | ".join(cells) + " | " + tail)
     lines += ["", "Phases: " + "; ".join(f"{p}: {d}" for p, _, d in PHASES) + ".", ""]
     for name in results:
         lines.append(f"- {name}: {meta['variants'][name]}")
@@ -185,6 +199,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--baseline-ref", default=BASELINE_REF, help="commit the baseline variant runs")
     p.add_argument("--start", default=None, help="shipped start to train from (default: the default start)")
+    p.add_argument("--model", type=Path, help="a policy folder to train from instead of a shipped start")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--work", type=Path, default=Path("runs/bench-step"), help="run folders")
     p.add_argument("--out", type=Path, help="write the Markdown section here (e.g. docs/step_bench.md)")
@@ -198,8 +213,8 @@ def main(argv: list[str] | None = None) -> int:
     from llds import starts
     from llds_proto.digest import short, tensors_digest
 
-    start = args.start or starts.DEFAULT_START
-    policy = starts.policy_dir(start)
+    start = str(args.model) if args.model else args.start or starts.DEFAULT_START
+    policy = args.model.resolve() if args.model else starts.policy_dir(start)
     args.work.mkdir(parents=True, exist_ok=True)
     trees = {"here": ROOT}
     if any(VARIANTS[v]["tree"] == "baseline" for v in chosen):
@@ -210,6 +225,9 @@ def main(argv: list[str] | None = None) -> int:
             name, trees[VARIANTS[name]["tree"]], policy, args.work.resolve(), args.steps, args.seed
         )
         results[name] = summarize(recs, args.warmup)
+        results[name]["cpu_steal_frac"] = json.loads((args.work.resolve() / name / "steal.json").read_text())[
+            "steal_frac"
+        ]
         print(f"   {name}: median step {results[name]['step_wall_s']:.1f} s", flush=True)
     meta = {
         "command": "llds bench step " + " ".join(argv if argv is not None else sys.argv[1:]),

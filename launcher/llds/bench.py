@@ -65,6 +65,17 @@ docs/swap_bench.md` (then `llds bench all --stitch-only`).
 """BENCHMARKS.md's swap section until ``llds bench swaps`` has written ``docs/swap_bench.md``."""
 
 
+TRAINER_EXTRAS = (
+    ("step", "## CPU training step (`cpu-collapse` preset)\n\nNot measured yet. Command: `llds bench step "
+     "--steps 8 --warmup 2 --out docs/step_bench.md --json docs/step_bench.json`.\n"),
+    ("warmstart", "## Warm start rebuild\n\nNot measured yet. Command: `llds bench warmstart --out "
+     "docs/warmstart_bench.md`.\n"),
+    ("precision", "## Float32 vs bfloat16 autocast on the CPU\n\nNot measured yet. Command: `python -m "
+     "llds_bench.precision --report docs/precision/*.json --out docs/precision_bench.md`.\n"),
+)  # fmt: skip
+"""Sections after the trainer's (docs/<name>_bench.md), each with its text until its benchmark has run."""
+
+
 def section_path(name: str) -> Path:
     return ROOT / "docs" / f"{name}_bench.md"
 
@@ -84,6 +95,9 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
         if name == "trainer":
             gpu = section_path("trainer_gpu")
             parts.append((gpu.read_text() if gpu.exists() else GPU_CHECK_PLACEHOLDER).strip() + "\n")
+            for extra_name, placeholder in TRAINER_EXTRAS:
+                extra_path = section_path(extra_name)
+                parts.append((extra_path.read_text() if extra_path.exists() else placeholder).strip() + "\n")
     extra = ROOT / "docs" / "load_bench.md"
     if extra.exists():
         parts.append(extra.read_text().strip() + "\n")

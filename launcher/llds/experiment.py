@@ -216,7 +216,9 @@ def _up_command(args: argparse.Namespace, run: Path, cfgs: dict[str, Path], resu
     cmd = [*base, "--preset", PRESETS[args.preset][0], "--run-dir", str(run), "--no-dashboard"]
     for kind, path in cfgs.items():
         cmd += [f"--{kind}-config", str(path)]
-    return cmd + (["--model", args.model] if args.model else [])
+    if args.model:
+        return [*cmd, "--model", args.model]
+    return [*cmd, "--start", args.start] if PRESETS[args.preset][0] == "cpu" else cmd
 
 
 def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float = 5.0) -> int | None:
@@ -377,34 +379,26 @@ def _shape(rollout_config: Path) -> dict[str, int] | None:
 
 
 def policy_digest(model: Path | None) -> str | None:
-    """The first 16 hex digits of a SHA-256 over ``model``'s safetensors files (names and bytes, in
-    name order): which starting policy a run had. A warm start regenerated on another machine is not
-    bit-identical (float reductions differ), so runs of one study done on two machines can differ in it."""
-    import hashlib
+    """The short SHA-256 over ``model``'s tensors (:func:`llds_proto.digest.tensors_digest`): which
+    starting policy a run had (None: no safetensors there). Shipped starts merge to the same bytes on
+    every machine, so runs of one study on two machines share it."""
+    from llds_proto.digest import short, tensors_digest
 
-    files = sorted(model.glob("*.safetensors")) if model is not None and model.is_dir() else []
-    if not files:
+    if model is None or not model.is_dir() or not any(model.glob("*.safetensors")):
         return None
-    h = hashlib.sha256()
-    for f in files:
-        h.update(f.name.encode())
-        with f.open("rb") as fh:
-            while chunk := fh.read(1 << 22):
-                h.update(chunk)
-    return h.hexdigest()[:16]
+    return short(tensors_digest(model))
 
 
 def start_policy(args: argparse.Namespace) -> Path | None:
     """The policy every run starts from (None: the gpu preset without --model)."""
-    from llds import assets
-    from llds.up import ensure_warmstart
+    from llds import assets, starts
 
     if args.model:
         return Path(args.model)
     up_preset = PRESETS[args.preset][0]
     if up_preset == "tiny":
         return assets.tiny_model_dir()
-    return ensure_warmstart(0) if up_preset == "cpu" else None
+    return starts.policy_dir(args.start) if up_preset == "cpu" else None
 
 
 def baseline(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -728,6 +722,7 @@ def search_main(argv: list[str] | None = None) -> int:
     names = [s.get("name") for s in settings]
     arm = grid.get("arm", "grpo")
     args.preset, args.model, args.trainer_config = grid.get("preset", "cpu"), None, None
+    args.start = grid.get("start", "smollm2-demos160")
     args.eval_limit = 0
     if (
         arm not in ARMS
@@ -775,7 +770,10 @@ def main(argv: list[str] | None = None) -> int:
         choices=list(PRESETS),
         help="preset of every run (cpu-collapse: the collapse regime)",
     )
-    p.add_argument("--model", help="starting policy (default: the preset's warm-started policy)")
+    p.add_argument("--model", help="starting policy folder (default: the cpu presets' shipped --start)")
+    p.add_argument(
+        "--start", default="smollm2-demos160", help="shipped start of the cpu presets (llds start list)"
+    )
     p.add_argument("--trainer-config", help="base trainer TOML (default configs/trainer_<preset>.toml)")
     p.add_argument("--steps", type=int, default=8, help="RL steps per run")
     p.add_argument(

@@ -51,8 +51,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("llds.up")
 REPO_CONFIGS = Path(__file__).resolve().parents[2] / "configs"
-WARMSTART_EXAMPLES = 160
-"""Demonstrations in the default warm-start: ~6 min on 2 cores, enough for well-formed search calls."""
 
 
 class UpConfig(ServiceSettings):
@@ -61,10 +59,13 @@ class UpConfig(ServiceSettings):
     model_config = SettingsConfigDict(env_prefix="LLDS_UP_", extra="forbid")
 
     preset: Literal["cpu", "tiny", "gpu"] = "cpu"
-    """``cpu``: SmolLM2-135M warm-started; ``tiny``: random 2-layer model (tests, smoke runs);
+    """``cpu``: SmolLM2-135M from a shipped start; ``tiny``: random 2-layer model (tests, smoke runs);
     ``gpu``: vLLM rollout + bf16 trainer (``configs/*_gpu.toml``), needs ``model``."""
     model: str | None = None
-    """Policy folder; overrides the preset's model (and skips the warm-start)."""
+    """Policy folder; overrides the preset's model (and its start)."""
+    start: str = "smollm2-demos160"
+    """Shipped starting policy of the ``cpu`` preset (``llds start list``): a LoRA adapter merged
+    onto SmolLM2 bit-identically on every machine, checked against its manifest's digest."""
     steps: int = Field(default=3, ge=0)
     """Trainer steps to run (0: train until stopped); the run's total, also with ``--resume``."""
     run_dir: Path | None = None
@@ -205,33 +206,15 @@ def ensure_world_index(seed: int) -> Path:
     return index_dir
 
 
-def ensure_warmstart(seed: int) -> Path:
-    """SmolLM2 after the format warm-start on the world's train split, built once and cached."""
-    from llds import assets
-
-    policy = assets.cache_dir() / "models" / f"smollm2-135m-warmstart-s{seed}"
-    if not (policy / "config.json").exists():
-        print("format warm-start: fine-tuning SmolLM2 on protocol demonstrations (once, cached)", flush=True)
-        base = assets.smollm2_dir()
-        run_tool(
-            [
-                "warmstart",
-                "--model",
-                str(base),
-                "--world",
-                str(ensure_world(seed)),
-                "--out",
-                str(policy),
-                "--max-examples",
-                str(WARMSTART_EXAMPLES),
-            ]
-        )
-    return policy
-
-
 def _check_preset(cfg: UpConfig) -> None:
+    from llds import starts
+
     if cfg.preset == "gpu" and not cfg.model:
         raise ConfigError("--preset gpu needs --model (a folder or hub name, e.g. Qwen/Qwen2.5-3B)")
+    if cfg.preset == "cpu" and not cfg.model and cfg.start not in starts.names():
+        raise ConfigError(
+            f"--start {cfg.start!r} is not a shipped start; shipped: {', '.join(starts.names())}"
+        )
 
 
 def _port(port: int) -> int:
@@ -278,7 +261,7 @@ class Up:
 
     # ------------------------------------------------------------------ assets
     def prepare(self) -> dict[str, Path]:
-        from llds import assets
+        from llds import assets, starts
 
         world_dir = ensure_world(self.cfg.world_seed)
         index_dir = ensure_world_index(self.cfg.world_seed)
@@ -287,7 +270,7 @@ class Up:
         elif self.cfg.preset == "tiny":
             policy = assets.tiny_model_dir()
         else:
-            policy = ensure_warmstart(self.cfg.world_seed)
+            policy = starts.policy_dir(self.cfg.start)
         return {"world": world_dir, "index": index_dir, "policy": policy}
 
     # ------------------------------------------------------------------ services
@@ -608,7 +591,16 @@ class Up:
             self.redis.stop()
 
 
-RESUME_FIXED = ("config", "preset", "model", "run_dir", "world_seed", "rollout_config", "trainer_config")
+RESUME_FIXED = (
+    "config",
+    "preset",
+    "model",
+    "start",
+    "run_dir",
+    "world_seed",
+    "rollout_config",
+    "trainer_config",
+)
 """Flags ``--resume`` refuses: they would change what the run is, not how it continues."""
 
 

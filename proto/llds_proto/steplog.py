@@ -124,21 +124,22 @@ ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 # ------------------------------------------------------------------ timing
 PERF_STEP_S = "perf/step_s"
 """Wall time of the learner's step: scoring, updates and the LLD probe (seconds)."""
+# A step's record is written before its own checkpoint and publish: their times go into the next
+# record (perf/prev_*).
 PERF_WAIT_S = "perf/wait_s"
 """Time the trainer waited for the step's groups (reading the stream, seconds)."""
 PERF_PROBE_S = "perf/probe_s"
 """Time of the LLD probe pass after the last update (seconds; part of ``perf/step_s``)."""
 PERF_PREV_CHECKPOINT_S = "perf/prev_checkpoint_s"
-"""Time the *previous* step's checkpoint took (seconds; a step's record is written before its own
-checkpoint, so its checkpoint, publish and notify times go into the next record; null on the first
-step after a start)."""
+"""Time the previous step's checkpoint took (seconds; null on the first step after a start)."""
 PERF_PREV_PUBLISH_S = "perf/prev_publish_s"
-"""Time the previous step's weights took to write to the weights root (seconds; null as above, 0
-on a step that did not publish)."""
+"""Time the previous step's weights took to write to the weights root (seconds; 0: no publish)."""
 PERF_PREV_NOTIFY_S = "perf/prev_notify_s"
 """Time the previous step's notices took until every replica answered, i.e. had swapped (seconds)."""
 PERF_OLD_PASS_S = "perf/old_pass_s"
 """Time of the pi_old (and reference) scoring pass (seconds)."""
+PERF_OLD_FROM_UPDATE_FRAC = "perf/old_from_update_frac"
+"""Share of the samples whose pi_old came from the first update's forward, not the pi_old pass."""
 PERF_UPDATE_S = "perf/update_s"
 """Time of the update passes (seconds)."""
 PERF_TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"

@@ -61,6 +61,10 @@ class AdamWConfig(ConfigModel):
     """Linear warm-up over this many RL steps: lr * (step + 1) / warmup_steps, then constant."""
     grad_clip: float = Field(default=1.0, gt=0)
     """Global gradient-norm clip per optimizer update."""
+    implementation: Literal["auto", "foreach", "fused"] = "auto"
+    """torch's AdamW kernel: ``fused`` updates every parameter in one kernel (on a 2-core CPU ~3x faster
+    than ``foreach`` for SmolLM2's 135M parameters, same arithmetic); ``auto``: fused for replicated
+    parameters, foreach for fsdp's sharded ones."""
 
 
 class PPOConfig(ConfigModel):
@@ -266,6 +270,11 @@ class TrainerConfig(ServiceSettings):
     """Trajectories per forward/backward; a mini-batch accumulates gradients over its micro-batches."""
     shuffle: bool = True
     """Shuffle trajectories across mini-batches (seeded by ``seed`` and the step)."""
+    old_from_first_update: bool = True
+    """Take pi_old of the first mini-batch's trajectories from the first update's own forward (the
+    weights are still pi_old's there), so the pi_old pass scores only the other mini-batches: the same
+    values (the first update's ratio is exactly 1), one forward fewer per first-mini-batch trajectory.
+    One process only (with several ranks every trajectory is scored by the pass)."""
     seed: int = 0
     """Seed of the shuffling and of torch's RNG."""
 

@@ -36,7 +36,7 @@ from torch import Tensor
 from llds_proto import steplog as K
 from llds_proto.messages import TrajectoryGroup
 from llds_trainer import checkpoint as ckpt
-from llds_trainer.batch import Sample, collate, samples_from_groups
+from llds_trainer.batch import Sample, collate, response_slice, samples_from_groups
 from llds_trainer.config import TrainerConfig
 from llds_trainer.correction import CorrectionOut, apply_mask, build_correction, ratio_quantiles
 from llds_trainer.dist import DistContext
@@ -176,12 +176,16 @@ class Trainer:
         pad = self.model.config.pad_token_id
         self.pad_id = int(pad) if pad is not None else 0
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        impl = cfg.optimizer.implementation
+        fused = impl == "fused" or (impl == "auto" and cfg.parallel != "fsdp")
         self.optimizer = torch.optim.AdamW(
             self.params,
             lr=cfg.optimizer.lr,
             betas=cfg.optimizer.betas,
             eps=cfg.optimizer.eps,
             weight_decay=cfg.optimizer.weight_decay,
+            fused=fused,
+            foreach=None if fused else True,
         )
         self.state = TrainState(window=cfg.consumed_window_steps)
         self.monitor = LLDMonitor.from_config(cfg.lld)
@@ -231,35 +235,61 @@ class Trainer:
         rec[K.IS_DROPPED_SEQ_FRAC] = st.dropped_sequences / st.sequences if st.sequences else None
         return out, rec
 
+    def orders(self, n: int, step: int) -> list[list[list[int]]]:
+        """The step's sample order: per epoch, its mini-batches (lists of sample positions)."""
+        cfg = self.cfg
+        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
+        out = []
+        for _epoch in range(cfg.epochs_per_step):
+            order = torch.randperm(n, generator=gen).tolist() if cfg.shuffle else list(range(n))
+            out.append(
+                [m.tolist() for m in torch.tensor_split(torch.tensor(order), cfg.minibatches_per_step)]
+            )
+        return out
+
+    def reuses_old_pass(self) -> bool:
+        """Whether pi_old of the first mini-batch comes from the first update's own forward (see
+        ``TrainerConfig.old_from_first_update``): one process, no dropout, so that forward runs the
+        weights pi_old means on the same inputs, and the values are pi_old's."""
+        cfg = self.cfg
+        if not cfg.old_from_first_update or self.dist.world_size != 1:
+            return False
+        dropout = any(isinstance(m, torch.nn.Dropout) and m.p > 0 for m in self.model.modules())
+        return not dropout and not getattr(self.model.config, "attention_dropout", 0.0)
+
     def _update(
         self,
         samples: list[Sample],
+        orders: list[list[list[int]]],
         old: list[Tensor],
+        ent: list[Tensor],
         ref: list[Tensor] | None,
-        corr: CorrectionOut | None,
         ans_w: float | None,
         step: int,
-    ) -> tuple[dict[str, float], float, list[float], int]:
+        first: set[int],
+    ) -> tuple[dict[str, float], float, list[float], int, dict[str, float | int | None]]:
         """``epochs_per_step`` x ``minibatches_per_step`` optimizer updates. Returns the micro-step stats
         summed over micro-batches and ranks (by name), the largest ratio, the pre-clip gradient norm of
-        each update and how many updates a non-finite norm skipped."""
+        each update, how many updates a non-finite norm skipped, and the correction's step values.
+
+        ``first``: samples whose pi_old (and entropy) the first update's forward provides, filled into
+        ``old`` and ``ent`` there; the correction of the other rows waits until ``old`` is whole.
+        """
         cfg = self.cfg
-        gen = torch.Generator().manual_seed(cfg.seed * 1_000_003 + step)
         total = MicroStats()
         ratio_max = 0.0
         grad_norms: list[float] = []
         nonfinite = 0
+        corr: CorrectionOut | None = None
+        corr_rec: dict[str, float | int | None] = {}
+        if not first:
+            corr, corr_rec = self._correct(samples, old)
         self.model.train()
-        for _epoch in range(cfg.epochs_per_step):
-            order = (
-                torch.randperm(len(samples), generator=gen).tolist()
-                if cfg.shuffle
-                else list(range(len(samples)))
-            )
-            for mb_idx in torch.tensor_split(torch.tensor(order), cfg.minibatches_per_step):
-                mini = mb_idx.tolist()
+        for epoch, minibatches in enumerate(orders):
+            for mb_pos, mini in enumerate(minibatches):
                 if not mini:
                     continue
+                fills = bool(first) and epoch == 0 and mb_pos == 0
                 micros = self.scorer.micro_batches(mini)
                 scale = 1.0 / len(micros)
                 for idx, real in self.scorer.mine(micros):
@@ -268,14 +298,27 @@ class Trainer:
                         # A sharded backward is a collective: join it with a pass that adds zero.
                         (self.scorer.logp(self.model, mb, False)[0].sum() * 0.0).backward()
                         continue
-                    logp_new, ent_new = self.scorer.logp(self.model, mb, cfg.entropy_coef > 0)
+                    logp_new, ent_new = self.scorer.logp(self.model, mb, fills or cfg.entropy_coef > 0)
                     is_w = keep = None
-                    if corr is not None:
-                        # the step's rows of this micro-batch (right padding: its columns are a prefix)
-                        rows, cols = torch.tensor(mb.index, device=self.device), mb.loss_mask.shape[1]
-                        is_w, keep = corr.weights[rows, :cols], corr.keep_mask[rows, :cols]
-                    x = MicroInputs(logp_new, self.scorer.place(mb, samples, old), mb.advantages, mb.loss_mask,
-                                    mb.answer_mask, entropy=ent_new,
+                    if fills:
+                        logp_old = logp_new.detach()  # [B, L-1]: these weights are pi_old
+                        for b, i in enumerate(idx):
+                            sl = response_slice(samples[i])
+                            old[i] = logp_old[b, sl].cpu()
+                            ent[i] = ent_new[b, sl].detach().cpu()  # type: ignore[index]
+                        if self.correction is not None:
+                            apply = apply_mask(cfg.correction.tokens, mb.loss_mask.bool(), mb.versions,  # type: ignore[union-attr]
+                                               self.state.version)  # fmt: skip
+                            out = self.correction.weights(logp_old, mb.logp_sampler, apply, mb.loss_mask)
+                            is_w, keep = out.weights, out.keep_mask
+                    else:
+                        logp_old = self.scorer.place(mb, samples, old)
+                        if corr is not None:
+                            # the step's rows of this micro-batch (right padding: its columns are a prefix)
+                            rows, cols = torch.tensor(mb.index, device=self.device), mb.loss_mask.shape[1]
+                            is_w, keep = corr.weights[rows, :cols], corr.keep_mask[rows, :cols]
+                    x = MicroInputs(logp_new, logp_old, mb.advantages, mb.loss_mask, mb.answer_mask,
+                                    entropy=ent_new if cfg.entropy_coef > 0 else None,
                                     logp_ref=self.scorer.place(mb, samples, ref) if ref is not None else None,
                                     is_weights=is_w, keep_mask=keep)  # fmt: skip
                     loss, stats, r_max = self.objective(x, ans_w)
@@ -292,10 +335,13 @@ class Trainer:
                     log.warning("step %d: non-finite gradient norm, update skipped", step + 1)
                 self.optimizer.zero_grad(set_to_none=True)
                 grad_norms.append(norm)
+                if fills:
+                    # pi_old is whole now: the correction of every row, and the step's statistics.
+                    corr, corr_rec = self._correct(samples, old)
         # Every rank reduces the same names in the same order, so every rank logs the same record.
         local = total.as_dict()
         sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
-        return sums, ratio_max, grad_norms, nonfinite
+        return sums, ratio_max, grad_norms, nonfinite, corr_rec
 
     def _probe(self, samples: list[Sample]) -> list[Tensor]:
         """Log-probs after the step's last update, of the micro-batches that hold a correct response:
@@ -325,7 +371,17 @@ class Trainer:
         for g in self.optimizer.param_groups:
             g["lr"] = lr
 
-        old, ent, ref = self.scorer.score(samples, entropy=True, ref=cfg.kl_coef > 0)
+        orders = self.orders(len(samples), step)
+        first = set(orders[0][0]) if self.reuses_old_pass() and orders[0] else set()
+        rest = [i for i in range(len(samples)) if i not in first]
+        old, ent = [torch.zeros(0)] * len(samples), [torch.zeros(0)] * len(samples)
+        if rest:
+            rest_old, rest_ent, _ = self.scorer.score([samples[i] for i in rest], entropy=True, ref=False)
+            for k, i in enumerate(rest):
+                old[i], ent[i] = rest_old[k], rest_ent[k]  # type: ignore[index]
+        ref = (
+            self.scorer.score(samples, entropy=False, ref=True, policy=False)[2] if cfg.kl_coef > 0 else None
+        )
         t_old = time.perf_counter()
         v_s = sum(s.num_valid_searches for s in samples) / len(samples)
         lam = self.alarm_action.lam
@@ -336,8 +392,9 @@ class Trainer:
                 llds.answer_weight_mode, llds.coef if lam is None else lam, llds.answer_weight, v_s
             )
 
-        corr, corr_rec = self._correct(samples, old)
-        sums, ratio_max, grad_norms, nonfinite = self._update(samples, old, ref, corr, ans_w, step)
+        sums, ratio_max, grad_norms, nonfinite, corr_rec = self._update(
+            samples, orders, old, ent, ref, ans_w, step, first
+        )
         t_train = time.perf_counter()
         n_micro = max(sums["micro"], 1)
 
@@ -376,6 +433,7 @@ class Trainer:
             K.ROLLOUT_TURNS_MEAN: sum(s.num_turns for s in samples) / len(samples),
             K.ROLLOUT_RESPONSE_LEN_MEAN: sum(len(s.response_ids) for s in samples) / len(samples),
             K.PERF_OLD_PASS_S: t_old - t0,
+            K.PERF_OLD_FROM_UPDATE_FRAC: len(first) / len(samples),
             K.PERF_UPDATE_S: t_train - t_old,
             K.PERF_PROBE_S: t_probe - t_train,
             K.PERF_TRAIN_TOKENS_PER_S: sums["train_tokens"] / max(t_train - t_old, 1e-9),

@@ -107,13 +107,20 @@ class Scorer:
 
     @torch.no_grad()
     def score(
-        self, samples: list[Sample], *, entropy: bool, ref: bool, only: set[int] | None = None
+        self,
+        samples: list[Sample],
+        *,
+        entropy: bool,
+        ref: bool,
+        only: set[int] | None = None,
+        policy: bool = True,
     ) -> tuple[list[Tensor], list[Tensor] | None, list[Tensor] | None]:
         """Response-aligned log-probs of every sample under the policy (and entropy, reference).
 
         ``only``: score just the micro-batches that hold one of these samples (the others' rows come
         back empty). The micro-batches are the ones a full pass makes, so a sample's values are the
-        bits a full pass gives: unchanged weights give a displacement of exactly zero.
+        bits a full pass gives: unchanged weights give a displacement of exactly zero. ``policy``
+        False: the reference model alone (the policy's rows come back empty).
         """
         self.model.eval()
         micros = self.micro_batches(range(len(samples)))
@@ -122,7 +129,7 @@ class Scorer:
         mine: dict[int, tuple[list[float], list[float] | None, list[float] | None]] = {}
         for idx, real in self.mine(micros):
             mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
-            logp, ent = self.logp(self.model, mb, entropy)
+            logp, ent = self.logp(self.model, mb, entropy) if policy else (mb.targets[:, :0].float(), None)
             ref_lp = self.logp(self.ref_model, mb, False)[0] if ref and self.ref_model is not None else None
             if not real:
                 continue

@@ -115,7 +115,7 @@ def test_routed_modules_of_deploy_commands_exist() -> None:
     from llds.cli import ROUTES
 
     used = {("retriever", "serve"), ("rollout", "serve"), ("trainer", "run"), ("dashboard", "serve"),
-            ("index", "build"), ("index", "info"), ("world", "build"), ("warmstart",), ("assets",), ("up",)}  # fmt: skip
+            ("index", "build"), ("index", "info"), ("world", "build"), ("start", "path"), ("assets",), ("up",)}  # fmt: skip
     missing = []
     for path in sorted(used):
         module = ROUTES[path][0]

@@ -58,21 +58,18 @@ def test_up_stops_early_when_the_rollout_needs_vllm_and_none_is_there(
     assert up.check_engine() == "vllm"
 
 
-def test_warmstart_uses_the_measured_number_of_demonstrations(
+def test_the_cpu_preset_starts_from_the_shipped_start_and_fine_tunes_nothing(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """The cached policy every figure in README.md was measured with: 160 demonstrations, not the whole
-    train split (4x longer)."""
-    from llds import assets, up
+    """``llds up``'s cpu preset trains from ``--start``'s merged policy; no warm start runs."""
+    from llds import starts, up
 
-    calls: list[list[str]] = []
-    monkeypatch.setattr(assets, "cache_dir", lambda: tmp_path)
-    monkeypatch.setattr(assets, "smollm2_dir", lambda: tmp_path / "base")
+    asked: list[str] = []
+    monkeypatch.setattr(starts, "policy_dir", lambda name: (asked.append(name), tmp_path / name)[1])
     monkeypatch.setattr(up, "ensure_world", lambda seed: tmp_path / "world")
-    monkeypatch.setattr(up, "run_tool", calls.append)
-    up.ensure_warmstart(0)
-    (argv,) = calls
-    assert (
-        argv[0] == "warmstart"
-        and argv[argv.index("--max-examples") + 1] == str(up.WARMSTART_EXAMPLES) == "160"
-    )
+    monkeypatch.setattr(up, "ensure_world_index", lambda seed: tmp_path / "index")
+    monkeypatch.setattr(up, "run_tool", lambda argv: pytest.fail(f"a tool ran: {argv}"))
+    paths = up.Up(up.UpConfig(run_dir=tmp_path / "run")).prepare()
+    assert paths["policy"] == tmp_path / starts.DEFAULT_START and asked == [starts.DEFAULT_START]
+    up.Up(up.UpConfig(run_dir=tmp_path / "run", start="other")).prepare()
+    assert asked[-1] == "other"

@@ -188,3 +188,21 @@ def test_the_probe_scores_correct_responses_alone_with_the_full_passes_values(
     assert lld_signals(samples, old[0], old[1], probe) == lld_signals(samples, old[0], old[1], full)
     # Unchanged weights: nothing fell, exactly.
     assert lld_signals(samples, old[0], old[1], probe)["lld/fell_fraction_responses"] == 0.0
+
+
+def test_pi_old_from_the_first_update_is_the_passes_value(tiny_model_dir: Path, groups: list[Any]) -> None:
+    """The first mini-batch's pi_old taken from the first update's forward: the step equals the one
+    with a pi_old pass over every trajectory (float noise apart), on half the pass's forwards."""
+    on = Trainer(_cfg(tiny_model_dir, epochs_per_step=2))
+    off = Trainer(_cfg(tiny_model_dir, epochs_per_step=2, old_from_first_update=False))
+    for g in (groups[:2], groups[2:]):
+        a, b = on.train_step(g), off.train_step(g)
+        assert a["perf/old_from_update_frac"] == 0.5 and b["perf/old_from_update_frac"] == 0.0
+        for key in ("loss/total", "loss/policy", "loss/llds", "actor/grad_norm", "mismatch/kl",
+                    "lld/correct_logp_token", "actor/entropy", "lld/fell_fraction_responses"):  # fmt: skip
+            assert a[key] == pytest.approx(b[key], rel=1e-4, abs=1e-6), key
+    for p, q in zip(on.model.parameters(), off.model.parameters(), strict=True):
+        torch.testing.assert_close(p, q, rtol=1e-4, atol=1e-6)
+    # One mini-batch: no pass at all, every pi_old from the update's forward.
+    one = Trainer(_cfg(tiny_model_dir, minibatches_per_step=1))
+    assert one.train_step(groups[:2])["perf/old_from_update_frac"] == 1.0
