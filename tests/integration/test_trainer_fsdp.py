@@ -51,9 +51,11 @@ from llds_trainer.publish import publish_folder
 from llds_trainer.synthetic import synthetic_groups
 
 model, out, parallel = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
-cfg = TrainerConfig(model=model, parallel=parallel, optimizer={"lr": 1e-3}, micro_batch_size=1,
-                    minibatches_per_step=2, num_threads=1, kl_coef=0.01, keep_checkpoints=1,
-                    regularizer={"answer_weight_mode": "adaptive_code"}, seed=3)
+# One AdamW kernel and one pi_old source for both layouts (auto would pick fused and the first update's
+# forward for the single process only): what is compared is the sharding's arithmetic.
+cfg = TrainerConfig(model=model, parallel=parallel, optimizer={"lr": 1e-3, "implementation": "foreach"},
+                    micro_batch_size=1, minibatches_per_step=2, num_threads=1, kl_coef=0.01, keep_checkpoints=1,
+                    regularizer={"answer_weight_mode": "adaptive_code"}, seed=3, old_from_first_update=False)
 dist = DistContext.from_env(torch.device("cpu"))
 tok = AutoTokenizer.from_pretrained(model)
 groups = synthetic_groups(tok, 4, 3, seed=11, think_words=3, doc_words=6)
@@ -193,9 +195,10 @@ def test_a_sharded_checkpoint_resumes_on_one_ddp_process(
 
     _, two = runs
     recs = json.loads((two / "recs.json").read_text())
-    tr = Trainer(TrainerConfig(model=str(tiny_model_dir), optimizer={"lr": 1e-3}, micro_batch_size=1,
-                               minibatches_per_step=2, num_threads=1, kl_coef=0.01,
-                               regularizer={"answer_weight_mode": "adaptive_code"}, seed=3))  # fmt: skip
+    tr = Trainer(TrainerConfig(model=str(tiny_model_dir), optimizer={"lr": 1e-3, "implementation": "foreach"},
+                               micro_batch_size=1, minibatches_per_step=2, num_threads=1, kl_coef=0.01,
+                               regularizer={"answer_weight_mode": "adaptive_code"}, seed=3,
+                               old_from_first_update=False))  # fmt: skip
     tr.load_checkpoint(Path(recs["checkpoint"]))
     assert tr.state.step == 2
     at_k = _load(two, "at_k")
