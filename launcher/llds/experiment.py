@@ -27,6 +27,7 @@ from typing import Any
 
 import tomli_w
 
+from llds.starts import DEFAULT_START
 from llds_proto import steplog as K
 from llds_proto.exits import EXIT_NO_SIGNAL
 from llds_server.settings import merged
@@ -218,7 +219,8 @@ def _up_command(args: argparse.Namespace, run: Path, cfgs: dict[str, Path], resu
         cmd += [f"--{kind}-config", str(path)]
     if args.model:
         return [*cmd, "--model", args.model]
-    return [*cmd, "--start", args.start] if PRESETS[args.preset][0] == "cpu" else cmd
+    start = getattr(args, "start", None) or DEFAULT_START
+    return [*cmd, "--start", start] if PRESETS[args.preset][0] == "cpu" else cmd
 
 
 def _train(cmd: list[str], run: Path, stop_dead: int, steps: int, poll_s: float = 5.0) -> int | None:
@@ -398,7 +400,7 @@ def start_policy(args: argparse.Namespace) -> Path | None:
     up_preset = PRESETS[args.preset][0]
     if up_preset == "tiny":
         return assets.tiny_model_dir()
-    return starts.policy_dir(args.start) if up_preset == "cpu" else None
+    return starts.policy_dir(getattr(args, "start", None) or DEFAULT_START) if up_preset == "cpu" else None
 
 
 def baseline(args: argparse.Namespace) -> dict[str, Any] | None:
@@ -722,7 +724,7 @@ def search_main(argv: list[str] | None = None) -> int:
     names = [s.get("name") for s in settings]
     arm = grid.get("arm", "grpo")
     args.preset, args.model, args.trainer_config = grid.get("preset", "cpu"), None, None
-    args.start = grid.get("start", "smollm2-demos160")
+    args.start = grid.get("start", DEFAULT_START)
     args.eval_limit = 0
     if (
         arm not in ARMS

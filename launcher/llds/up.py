@@ -39,6 +39,7 @@ import httpx
 from pydantic import AliasChoices, Field
 from pydantic_settings import SettingsConfigDict
 
+from llds.starts import DEFAULT_START
 from llds_proto import steplog as K
 from llds_proto.exits import EXIT_NO_SIGNAL
 from llds_proto.streams import check_run_id
@@ -63,7 +64,7 @@ class UpConfig(ServiceSettings):
     ``gpu``: vLLM rollout + bf16 trainer (``configs/*_gpu.toml``), needs ``model``."""
     model: str | None = None
     """Policy folder; overrides the preset's model (and its start)."""
-    start: str = "smollm2-demos160"
+    start: str = DEFAULT_START
     """Shipped starting policy of the ``cpu`` preset (``llds start list``): a LoRA adapter merged
     onto SmolLM2 bit-identically on every machine, checked against its manifest's digest."""
     steps: int = Field(default=3, ge=0)

@@ -425,13 +425,16 @@ def test_invocations_with_other_seeds_or_arms_add_up_and_another_study_is_refuse
 
 
 def test_the_starting_policy_is_recorded_by_digest_and_a_mixed_study_says_so(tmp_path: Path) -> None:
-    """A warm start regenerated on another machine is not bit-identical: runs record the SHA-256 of
-    their start's weights, and a report over runs from different (or unrecorded) starts says so."""
+    """Runs record the SHA-256 of their start's tensors, and a report over runs from different (or
+    unrecorded) starts says so."""
+    import torch
+    from safetensors.torch import save_file
+
     a, b = tmp_path / "a", tmp_path / "b"
-    for d, data in ((a, b"\x00" * 64), (b, b"\x00" * 63 + b"\x01")):
+    for d, last in ((a, 0.0), (b, 1.0)):
         d.mkdir()
-        (d / "model-00001-of-00002.safetensors").write_bytes(data)
-        (d / "model-00002-of-00002.safetensors").write_bytes(b"tail")
+        save_file({"w": torch.tensor([0.0] * 15 + [last])}, str(d / "model-00001-of-00002.safetensors"))
+        save_file({"v": torch.ones(2)}, str(d / "model-00002-of-00002.safetensors"))
     da, db = experiment.policy_digest(a), experiment.policy_digest(b)
     assert da and db and da != db and len(da) == 16 and experiment.policy_digest(a) == da
     assert experiment.policy_digest(tmp_path / "none") is None and experiment.policy_digest(None) is None
