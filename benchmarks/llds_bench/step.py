@@ -112,7 +112,11 @@ def run_variant(
     run = folder / "run"
     env = dict(os.environ)
     if v["tree"] == "baseline":
+        from llds.cli import vllm_python
+
         env["PYTHONPATH"] = os.pathsep.join(str(tree / d) for d in PACKAGE_DIRS)
+        # The baseline tree looks for .venv-vllm beside itself: point it at this one's.
+        env.setdefault("LLDS_VLLM_PYTHON", vllm_python() or "")
     cmd = [sys.executable, "-m", "llds.cli", "up", "--preset", "cpu", "--model", str(policy), "--steps", str(steps),
            "--exit-when-done", "--no-dashboard", "--run-dir", str(run), "--trainer-config", str(paths["trainer"]),
            "--rollout-config", str(paths["rollout"]), "--retriever-port", "0", "--rollout-port", "0",

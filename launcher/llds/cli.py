@@ -42,6 +42,7 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("start", "list"): ("llds.starts", "main", "the starting policies that ship with the project"),
     ("start", "path"): ("llds.starts", "main", "print a shipped start's merged policy folder (merged once)"),
     ("start", "build"): ("llds.starts", "main", "train, merge, evaluate and write a new LoRA start"),
+    ("start", "compare"): ("llds.starts", "main", "a start's held-out EM against another policy's, paired"),
     ("dashboard", "serve"): ("llds.dashboard.cli", "main", "serve the live training dashboard"),
     ("eval",): ("llds.evaluate", "main", "evaluate a policy (exact match, F1) on a question set"),
     ("report",): ("llds.report", "main", "plot a run's reward and LLD signals"),
@@ -71,7 +72,7 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
 
 # Subcommands whose routed function still expects the sub-verb ("build"/"info") in argv.
 _KEEP_VERB = {("index", "build"), ("index", "info"), ("world", "build"), ("start", "list"), ("start", "path"),
-              ("start", "build")}  # fmt: skip
+              ("start", "build"), ("start", "compare")}  # fmt: skip
 
 # Subcommands that run the inference engine: they run under an interpreter with vLLM (see
 # vllm_python), which also has everything else, so either backend works there.

@@ -13,6 +13,7 @@ run, and every run of a study starts from bytes it can name.
     llds start list                        # the shipped starts with their held-out EM
     llds start path smollm2-demos160       # the merged policy folder (built once, ~10 s)
     llds start build NAME --examples 64    # train, merge, evaluate and write a new start
+    llds start compare smollm2-demos160 --with docs/starts/full-finetune-demos160-heldout.jsonl
 """
 
 from __future__ import annotations
@@ -212,6 +213,27 @@ def evaluate(model: Path, folder: Path, world_seed: int) -> dict[str, Any]:
             "max_turns": 4}  # fmt: skip
 
 
+def read_heldout(path: Path) -> dict[str, float]:
+    """Per-question EM of a held-out result file (``id``, ``em`` per line)."""
+    rows = [json.loads(x) for x in path.read_text().splitlines() if x.strip()]
+    return {str(r["id"]): float(r["em"]) for r in rows}
+
+
+def paired(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
+    """EM of two policies on the same questions, the discordant pairs and the exact two-sided McNemar
+    p-value (binomial test on the discordant pairs)."""
+    from math import comb
+
+    if set(a) != set(b):
+        raise StartError(f"the two result files cover different questions ({len(a)} vs {len(b)})")
+    only_a = sum(1 for q in a if a[q] > b[q])
+    only_b = sum(1 for q in a if b[q] > a[q])
+    n, k = only_a + only_b, min(only_a, only_b)
+    p = min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
+    return {"n": len(a), "em_a": sum(a.values()) / len(a), "em_b": sum(b.values()) / len(b),
+            "only_a": only_a, "only_b": only_b, "mcnemar_p": p}  # fmt: skip
+
+
 # ------------------------------------------------------------------------------------------ CLI
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="llds start", description=__doc__.split("\n\n")[0])
@@ -219,6 +241,9 @@ def _parser() -> argparse.ArgumentParser:
     sub.add_parser("list", help="the shipped starts")
     path = sub.add_parser("path", help="print the merged policy folder of a start (merging it once)")
     path.add_argument("name", nargs="?", default=DEFAULT_START)
+    c = sub.add_parser("compare", help="a start's held-out EM against another policy's, paired by question")
+    c.add_argument("name")
+    c.add_argument("--with", dest="other", type=Path, required=True, help="JSONL of id and em per question")
     b = sub.add_parser("build", help="train a LoRA start on demonstrations, merge, evaluate, write it")
     b.add_argument("name")
     b.add_argument("--description", default="")
@@ -248,6 +273,11 @@ def main(argv: list[str] | None = None) -> int:
                       f"{m['demonstrations']} demonstrations, {em}, merged digest {short(m['merged_digest'])}")  # fmt: skip
         elif args.verb == "path":
             print(policy_dir(args.name))
+        elif args.verb == "compare":
+            r = paired(read_heldout(load(args.name).folder / HELDOUT), read_heldout(args.other))
+            print(f"{r['n']} questions: {args.name} EM {r['em_a']:.3f}, {args.other.name} EM {r['em_b']:.3f} "
+                  f"(difference {r['em_a'] - r['em_b']:+.3f}); right only by {args.name}: {r['only_a']}, only by "
+                  f"the other: {r['only_b']}; exact McNemar p = {r['mcnemar_p']:.2g}")  # fmt: skip
         else:
             if args.examples < 1 or args.rank < 1 or args.epochs < 1:
                 print(f"llds start build: --examples, --rank and --epochs must be >= 1 (got {args.examples}, "

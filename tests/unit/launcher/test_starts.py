@@ -132,3 +132,16 @@ def test_the_default_start_merges_to_its_manifest_digest_here(
     path = starts.policy_dir(starts.DEFAULT_START)
     assert tensors_digest(path) == start.merged_digest
     assert tensors_digest(assets.smollm2_dir()) == start.manifest["base"]["digest"]
+
+
+def test_paired_comparison_counts_discordant_questions_and_mcnemar() -> None:
+    a = {"q1": 1.0, "q2": 1.0, "q3": 0.0, "q4": 1.0, "q5": 0.0}
+    b = {"q1": 0.0, "q2": 0.0, "q3": 0.0, "q4": 1.0, "q5": 1.0}
+    r = starts.paired(a, b)
+    assert (r["n"], r["only_a"], r["only_b"]) == (5, 2, 1)
+    assert r["em_a"] == pytest.approx(0.6) and r["em_b"] == pytest.approx(0.4)
+    assert r["mcnemar_p"] == pytest.approx(1.0)  # 2 vs 1 discordant: 2 * P(X <= 1), X ~ Bin(3, 1/2) = 1
+    r = starts.paired({f"q{i}": 1.0 for i in range(10)}, {f"q{i}": 0.0 for i in range(10)})
+    assert r["mcnemar_p"] == pytest.approx(2 / 2**10)
+    with pytest.raises(starts.StartError, match="different questions"):
+        starts.paired(a, {"q1": 1.0})
