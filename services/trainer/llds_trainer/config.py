@@ -250,6 +250,11 @@ class TrainerConfig(ServiceSettings):
     CPUs (natively with AVX512-BF16/AMX, emulated and slow elsewhere)."""
     num_threads: int = Field(default=0, ge=0)
     """torch intra-op threads on the CPU (0 = torch's default)."""
+    threads_while_sampling: int = Field(default=0, ge=0)
+    """On the CPU, torch threads while a rollout replica of this run is sampling (its in-flight groups in
+    Redis), back to ``num_threads`` when none is; 0: never change. For a rollout sharing this machine's
+    cores (``llds up`` sets it to the trainer's threads less the rollout's): OpenMP threads of two
+    processes on the same cores run several times slower than either alone."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     parallel: Literal["ddp", "fsdp"] = "ddp"

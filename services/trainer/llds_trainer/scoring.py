@@ -6,7 +6,7 @@ pi_theta and the LLD probe; it knows nothing of losses or corrections.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -84,11 +84,15 @@ class Scorer:
     """Compute dtype of the forward passes (``torch.autocast``); None: the parameters' own."""
     lockstep: bool = False
     """Every rank runs the same number of forwards (a sharded model's forward is a collective)."""
+    before_forward: Callable[[], None] | None = None
+    """Called before every forward (the service sets the CPU thread count by the rollout's activity)."""
 
     def logp(
         self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
     ) -> tuple[Tensor, Tensor | None]:
         """Log-probs ``[B, L-1]`` of the targets (and entropy), zero off the loss mask."""
+        if self.before_forward is not None:
+            self.before_forward()
         return target_logprobs(
             model, mb.input_ids, mb.attention_mask, mb.targets, mb.loss_mask,
             temperature=self.temperature, autocast=self.autocast, want_entropy=want_entropy,

@@ -53,6 +53,50 @@ class VersionKeyError(RuntimeError):
     """The run's version key in Redis holds something other than a version number."""
 
 
+class CPUShare:
+    """Sets torch's CPU threads before each forward: ``busy`` while a rollout replica of the run has
+    groups in flight (``RunKeys.in_flight``, entries fresher than ``ttl_s``), ``idle`` otherwise. The
+    hash is read at most every ``every_s``."""
+
+    def __init__(self, redis: Any, key: str, busy: int, idle: int, every_s: float = 0.5, ttl_s: float = 15.0):
+        import torch
+
+        self.redis, self.key, self.every_s, self.ttl_s = redis, key, every_s, ttl_s
+        self.busy, self.idle = busy, idle or torch.get_num_threads()
+        self._checked = 0.0
+        self.sampling = False
+
+    def rollout_sampling(self) -> bool:
+        """Whether a replica has groups in flight now (a failed read counts as not sampling)."""
+        from redis.exceptions import RedisError
+
+        try:
+            entries = self.redis.hgetall(self.key)
+            now = float(self.redis.time()[0])
+        except RedisError as e:  # a Redis hiccup must not stop training: logged, counted as idle
+            log.warning("reading the rollout's in-flight groups failed: %s", e)
+            return False
+        for raw in entries.values():
+            try:
+                entry = json.loads(raw)
+            except ValueError:
+                continue
+            if int(entry.get("groups", 0)) > 0 and now - float(entry.get("at", 0)) <= self.ttl_s:
+                return True
+        return False
+
+    def __call__(self) -> None:
+        import torch
+
+        t = time.monotonic()
+        if t - self._checked >= self.every_s:
+            self._checked = t
+            self.sampling = self.rollout_sampling()
+        want = self.busy if self.sampling else self.idle
+        if torch.get_num_threads() != want:
+            torch.set_num_threads(want)
+
+
 class TrainerService:
     """Owns the trainer, the queue and the outputs of one process; the HTTP app reads its state."""
 
@@ -118,6 +162,10 @@ class TrainerService:
                 stream=self.keys.stream,
             )
             self.queue.ensure_group()
+            if self.cfg.threads_while_sampling and self.trainer.device.type == "cpu":
+                self.trainer.scorer.before_forward = CPUShare(
+                    self.redis, self.keys.in_flight, self.cfg.threads_while_sampling, self.cfg.num_threads
+                )
         latest = ckpt.latest_checkpoint(self.cfg.run_dir) if self.cfg.resume else None
         if latest is not None:
             self.trainer.load_checkpoint(latest)
