@@ -361,10 +361,8 @@ class Up:
                 "model": str(paths["policy"]), "redis_url": self.redis_url, "run_dir": str(self.run_dir / "trainer"),
                 "weights_root": str(self.weights_root), "steps": cfg.steps, "host": cfg.host,
                 "port": self.ports["trainer"], "run_id": self.run_id,
-                # One machine's cores: while the rollout samples, the trainer leaves it its threads'
-                # worth (applies on the CPU only).
-                "num_threads": cfg.trainer_threads,
-                "threads_while_sampling": max(1, cfg.trainer_threads - cfg.rollout_threads)})  # fmt: skip
+                # One machine's cores: the trainer takes turns with a sampling rollout (on the CPU only).
+                "num_threads": cfg.trainer_threads, "threads_while_sampling": 0})  # fmt: skip
             return [*py, "trainer", "run", "--config", str(path)], {
                 **env,
                 "OMP_NUM_THREADS": str(cfg.trainer_threads),

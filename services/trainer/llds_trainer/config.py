@@ -250,11 +250,14 @@ class TrainerConfig(ServiceSettings):
     CPUs (natively with AVX512-BF16/AMX, emulated and slow elsewhere)."""
     num_threads: int = Field(default=0, ge=0)
     """torch intra-op threads on the CPU (0 = torch's default)."""
-    threads_while_sampling: int = Field(default=0, ge=0)
-    """On the CPU, torch threads while a rollout replica of this run is sampling (its in-flight groups in
-    Redis), back to ``num_threads`` when none is; 0: never change. For a rollout sharing this machine's
-    cores (``llds up`` sets it to the trainer's threads less the rollout's): OpenMP threads of two
-    processes on the same cores run several times slower than either alone."""
+    threads_while_sampling: int = Field(default=-1, ge=-1)
+    """On the CPU, what the trainer does while a rollout replica of this run samples (its in-flight groups
+    in Redis), for a rollout sharing this machine's cores: -1 nothing; 0 waits before each forward until
+    no replica samples (at most ``rollout_wait_max_s``), taking turns with the rollout; N > 0 runs N torch
+    threads meanwhile (``num_threads`` otherwise). Measured on 2 cores: OpenMP threads of the two
+    processes on the same cores ran the trainer's forward 7x slower than alone (BENCHMARKS.md, step)."""
+    rollout_wait_max_s: float = Field(default=60.0, gt=0)
+    """``threads_while_sampling = 0``: the longest a forward waits for the rollout (then it runs anyway)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
     parallel: Literal["ddp", "fsdp"] = "ddp"

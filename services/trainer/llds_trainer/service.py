@@ -54,17 +54,29 @@ class VersionKeyError(RuntimeError):
 
 
 class CPUShare:
-    """Sets torch's CPU threads before each forward: ``busy`` while a rollout replica of the run has
-    groups in flight (``RunKeys.in_flight``, entries fresher than ``ttl_s``), ``idle`` otherwise. The
-    hash is read at most every ``every_s``."""
+    """Before each forward on the CPU, makes room for a rollout replica of the run that is sampling
+    (``RunKeys.in_flight`` entries with groups, fresher than ``ttl_s``; read at most every ``every_s``):
+    ``busy`` > 0 runs that many torch threads meanwhile, ``busy`` = 0 waits until none samples (at most
+    ``max_wait_s``); ``idle`` threads otherwise."""
 
-    def __init__(self, redis: Any, key: str, busy: int, idle: int, every_s: float = 0.5, ttl_s: float = 15.0):
+    def __init__(
+        self, redis: Any, key: str, busy: int, idle: int, every_s: float = 0.5, ttl_s: float = 15.0,
+        max_wait_s: float = 60.0,
+    ):  # fmt: skip
         import torch
 
-        self.redis, self.key, self.every_s, self.ttl_s = redis, key, every_s, ttl_s
+        self.redis, self.key, self.every_s, self.ttl_s, self.max_wait_s = (
+            redis,
+            key,
+            every_s,
+            ttl_s,
+            max_wait_s,
+        )
         self.busy, self.idle = busy, idle or torch.get_num_threads()
         self._checked = 0.0
         self.sampling = False
+        self.waited_s = 0.0
+        """Seconds spent waiting for the rollout (``busy`` = 0), summed over the trainer's life."""
 
     def rollout_sampling(self) -> bool:
         """Whether a replica has groups in flight now (a failed read counts as not sampling)."""
@@ -92,7 +104,16 @@ class CPUShare:
         if t - self._checked >= self.every_s:
             self._checked = t
             self.sampling = self.rollout_sampling()
-        want = self.busy if self.sampling else self.idle
+        if self.busy == 0 and self.sampling:
+            start = time.monotonic()
+            while self.sampling and time.monotonic() - start < self.max_wait_s:
+                time.sleep(min(self.every_s, 0.2))
+                self.sampling = self.rollout_sampling()
+            self._checked = time.monotonic()
+            self.waited_s += self._checked - start
+            if self.sampling:
+                log.warning("the rollout sampled for %.0f s; running the forward beside it", self.max_wait_s)
+        want = self.busy if self.sampling and self.busy > 0 else self.idle
         if torch.get_num_threads() != want:
             torch.set_num_threads(want)
 
@@ -162,10 +183,11 @@ class TrainerService:
                 stream=self.keys.stream,
             )
             self.queue.ensure_group()
-            if self.cfg.threads_while_sampling and self.trainer.device.type == "cpu":
+            if self.cfg.threads_while_sampling >= 0 and self.trainer.device.type == "cpu":
                 self.trainer.scorer.before_forward = CPUShare(
-                    self.redis, self.keys.in_flight, self.cfg.threads_while_sampling, self.cfg.num_threads
-                )
+                    self.redis, self.keys.in_flight, self.cfg.threads_while_sampling, self.cfg.num_threads,
+                    max_wait_s=self.cfg.rollout_wait_max_s,
+                )  # fmt: skip
         latest = ckpt.latest_checkpoint(self.cfg.run_dir) if self.cfg.resume else None
         if latest is not None:
             self.trainer.load_checkpoint(latest)
