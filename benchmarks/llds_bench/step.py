@@ -181,7 +181,7 @@ def markdown(results: dict[str, dict[str, Any]], meta: dict[str, Any]) -> str:
         "while the trainer trains) or were not logged by that tree (blank). CPU steal: the share of the "
         "machine's CPU time the hypervisor gave to other guests while the variant ran.",
         "",
-        "| variant | step (s) | ratio to baseline | "
+        "| variant | step (s) | ratio to baseline | step s per 1k trained tokens | ratio | "
         + " | ".join(p for p, _, _ in PHASES)
         + " | mismatch KL | response tokens | CPU steal |",
         "|---|---|---|---|---|" + "---|" * len(PHASES) + "---|---|---|",
@@ -219,7 +219,15 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/bench-step"), help="run folders")
     p.add_argument("--out", type=Path, help="write the Markdown section here (e.g. docs/step_bench.md)")
     p.add_argument("--json", type=Path, help="write the figures as JSON here")
+    p.add_argument("--report", type=Path, help="only rebuild the Markdown (--out) from this JSON of a run")
     args = p.parse_args(argv)
+    if args.report:
+        saved = json.loads(args.report.read_text())
+        md = markdown(saved["results"], saved["meta"])
+        print(md)
+        if args.out:
+            args.out.write_text(md)
+        return 0
     chosen = [v.strip() for v in args.variants.split(",") if v.strip()]
     if not chosen or set(chosen) - set(VARIANTS):
         p.error(f"--variants {args.variants!r}: choose from {list(VARIANTS)}")

@@ -98,6 +98,11 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
             for extra_name, placeholder in TRAINER_EXTRAS:
                 extra_path = section_path(extra_name)
                 parts.append((extra_path.read_text() if extra_path.exists() else placeholder).strip() + "\n")
+                if extra_name == "step":
+                    # Earlier runs of the step benchmark (other settings of this tree), kept as measured.
+                    for run in sorted((ROOT / "docs" / "step_bench_runs").glob("*.md")):
+                        body = run.read_text().strip().split("\n", 1)[1]
+                        parts.append(f"### Earlier run: {run.stem}\n{body}\n")
     extra = ROOT / "docs" / "load_bench.md"
     if extra.exists():
         parts.append(extra.read_text().strip() + "\n")
