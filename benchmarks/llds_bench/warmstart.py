@@ -68,9 +68,7 @@ def main(argv: list[str] | None = None) -> int:
     base, world = assets.smollm2_dir(), ensure_world(m["world"]["seed"])
     work = args.work.resolve()
     work.mkdir(parents=True, exist_ok=True)
-    cmd = m["command"].split()[1:]  # drop "llds"
-    cmd = [str(base) if a == "<smollm2>" else str(world) if a.startswith("<synthworld") else str(work / "new")
-           if a == "<out>" else a for a in cmd]  # fmt: skip
+    cmd = starts.concrete(m["command"].split()[1:], base, world, work / "new")  # [1:]: drop "llds"
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}
     print(f"== rebuild of start {start.name}: llds {' '.join(cmd)}", flush=True)
     new = measured([sys.executable, "-m", "llds.cli", *cmd], env, work / "new.log")

@@ -145,6 +145,20 @@ def world_digest(world: Path) -> str:
 
 
 # ---------------------------------------------------------------------------------------- build
+def concrete(command: list[str], base: Path, world: Path, out: Path) -> list[str]:
+    """A manifest's command with its placeholders (``<smollm2>``, ``<synthworld-sN>``, ``<out>``)
+    replaced by this machine's folders."""
+
+    def one(a: str) -> str:
+        if a == "<smollm2>":
+            return str(base)
+        if a.startswith("<synthworld"):
+            return str(world)
+        return str(out) if a == "<out>" else a
+
+    return [one(a) for a in command]
+
+
 def build(args: argparse.Namespace) -> Path:
     """Train a LoRA start on the world's demonstrations, merge it, evaluate it and write it."""
     from llds import assets
@@ -162,9 +176,7 @@ def build(args: argparse.Namespace) -> Path:
         cmd += ["--lr", str(args.lr)]
     if args.layers:
         cmd += ["--lora-layers", args.layers]
-    real = [str(base) if a == "<smollm2>" else str(world) if a.startswith("<synthworld") else str(merged)
-            if a == "<out>" else a for a in cmd]  # fmt: skip
-    run_tool(real)
+    run_tool(concrete(cmd, base, world, merged))
     info = json.loads((merged / "warmstart.json").read_text())
     folder.mkdir(parents=True, exist_ok=True)
     for f in ("adapter_config.json", "adapter_model.safetensors"):

@@ -65,13 +65,8 @@ class CPUShare:
     ):  # fmt: skip
         import torch
 
-        self.redis, self.key, self.every_s, self.ttl_s, self.max_wait_s = (
-            redis,
-            key,
-            every_s,
-            ttl_s,
-            max_wait_s,
-        )
+        self.redis, self.key = redis, key
+        self.every_s, self.ttl_s, self.max_wait_s = every_s, ttl_s, max_wait_s
         self.busy, self.idle = busy, idle or torch.get_num_threads()
         self._checked = 0.0
         self.sampling = False

@@ -7,25 +7,10 @@ import shutil
 from pathlib import Path
 
 import pytest
-import torch
+from lora_kit import write_lora_adapter
 
 from llds import starts
 from llds_proto.digest import tensors_digest
-
-
-def _adapter(tiny_model_dir: Path, out: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=2, lora_alpha=4, target_modules=["q_proj", "v_proj"]))
-    with torch.no_grad():
-        for n, p in peft.named_parameters():
-            if "lora_B" in n:
-                p.copy_(torch.randn_like(p) * 0.1)
-    peft.save_pretrained(out)
-    return out
 
 
 @pytest.fixture()
@@ -35,7 +20,9 @@ def shipped(tiny_model_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatc
     from llds_trainer.adapter import merge_folder
 
     root = tmp_path / "adapters"
-    folder = _adapter(tiny_model_dir, root / "toy")
+    folder = write_lora_adapter(
+        tiny_model_dir, root / "toy", rank=2, alpha=4, targets=["q_proj", "v_proj"], b_scale=0.1
+    )
     merged = merge_folder(tiny_model_dir, folder, tmp_path / "reference")
     manifest = {"name": "toy", "description": "test", "demonstrations": 2,
                 "base": {"model": "tiny", "digest": tensors_digest(tiny_model_dir)},

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from lora_kit import write_lora_adapter
 
 from llds_proto.digest import tensors_digest
 from llds_trainer.adapter import AdapterError, lora_delta, merge_folder, merge_state, read_adapter
@@ -64,18 +65,9 @@ def test_merge_rounds_once_and_touches_only_adapted_weights() -> None:
 
 
 def _peft_adapter(tiny_model_dir: Path, out: Path) -> Path:
-    from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_pretrained(str(tiny_model_dir), dtype=torch.float32)
-    peft = get_peft_model(model, LoraConfig(r=4, lora_alpha=8, target_modules=["q_proj", "down_proj"]))
-    with torch.no_grad():
-        for n, p in peft.named_parameters():
-            if "lora_B" in n:  # peft starts B at zero: give the adapter something to merge
-                p.copy_(torch.randn_like(p) * 0.05)
-    peft.save_pretrained(out)
-    return out
+    return write_lora_adapter(
+        tiny_model_dir, out, rank=4, alpha=8, targets=["q_proj", "down_proj"], b_scale=0.05
+    )
 
 
 def test_merge_folder_matches_peft_and_is_reproducible(tiny_model_dir: Path, tmp_path: Path) -> None:
