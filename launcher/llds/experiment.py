@@ -50,7 +50,7 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 """Trainer-config overrides of each arm (merged by :func:`merged`); everything else comes from the preset
 (or --trainer-config)."""
-STUDY_KEYS = ("preset", "steps", "eval_limit", "seeds", "arms", "stop_dead")
+STUDY_KEYS = ("preset", "steps", "eval_limit", "eval_steps", "seeds", "arms", "stop_dead", "start_digest")
 """What OUT/study.json records of the command, so --report-only can state it."""
 
 SIGNALS = [
@@ -73,13 +73,21 @@ COLLAPSE_WINDOW = 10
 PRESETS: dict[str, tuple[str, str | None]] = {
     "cpu": ("cpu", None),
     "cpu-collapse": ("cpu", "cpu_collapse"),
+    "cpu-study": ("cpu", "cpu_study"),
     "tiny": ("tiny", None),
     "gpu": ("gpu", None),
 }
 """Experiment preset -> (``llds up`` preset, overlay). A run's trainer and rollout configs are the ``llds
 up`` preset's configs/{trainer,rollout}_<preset>.toml with configs/{trainer,rollout}_<overlay>.toml
 merged on top. ``cpu-collapse`` is the CPU preset's model and world with the GRPO setting the collapse
-search found (EXPERIMENTS.md)."""
+search found (EXPERIMENTS.md); ``cpu-study`` the controlled study's (docs/study/DESIGN.md: 16
+trajectories a step, KL 0.001, every tenth step's weights kept for evaluation)."""
+
+QUESTIONS = "questions"
+"""OUT/questions/: per-question held-out results, ``<arm>-s<seed>-step<N>.jsonl`` for each evaluated
+checkpoint of each run and ``start-step0.jsonl`` for the start, one ``{"id", "em", "f1", "searches"}``
+object a line: what paired tests between arms are computed from."""
+QUESTION_KEYS = ("id", "em", "f1", "searches")
 
 SEARCH_DIR = ROOT / "docs" / "collapse-search"
 """Where ``llds experiment search --write-repo-report`` puts the search's logs, results and plots."""
@@ -176,6 +184,53 @@ def summarize(arm: str, seed: int, log: list[dict[str, Any]]) -> dict[str, Any]:
 
 def compact(log: list[dict[str, Any]]) -> str:
     return "".join(json.dumps({k: r[k] for k in LOG_KEYS if k in r}) + "\n" for r in log)
+
+
+def questions_name(arm: str, seed: int, step: int) -> str:
+    return f"{run_name(arm, seed)}-step{step}.jsonl"
+
+
+def write_questions(path: Path, examples: list[dict[str, Any]]) -> None:
+    """Per-question results, compact (:data:`QUESTION_KEYS`), in the evaluation's question order."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps({k: e[k] for k in QUESTION_KEYS if k in e}) + "\n" for e in examples))
+
+
+def kept_versions(run: Path) -> dict[int, Path]:
+    """Complete published versions of a run by the trainer step in their marker."""
+    from llds_trainer.publish import marker_step
+
+    out = {}
+    for marker in (run / "weights").glob("v*/COMPLETE"):
+        step = marker_step(marker.parent)
+        if step is not None:
+            out[step] = marker.parent
+    return out
+
+
+def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+    """Evaluate the run's kept weights at each of ``args.eval_steps`` not evaluated yet (OUT/questions
+    holds the per-question results, the run's ``checkpoints`` entry the summary). A step the run never
+    reached (stopped dead earlier) has no weights: the report counts it as dead."""
+    steps = getattr(args, "eval_steps", None) or []
+    if not steps or not args.eval_limit:
+        return {}
+    kept = kept_versions(folder / "run")
+    done: dict[str, Any] = {}
+    for step in steps:
+        out = args.out / QUESTIONS / questions_name(arm, seed, step)
+        ev = folder / "eval" / f"step{step}"
+        if step not in kept:
+            continue
+        if not (ev / "eval.json").is_file():
+            evaluate(kept[step], folder / "rollout_variant.toml", args.eval_limit, ev, f"{run_name(arm, seed)} step {step}")
+        report = json.loads((ev / "eval.json").read_text())
+        examples = [e for rows in report["examples"].values() for e in rows]
+        write_questions(out, examples)
+        summary = report["summary"][0]
+        done[str(step)] = {"em": summary["em"], "f1": summary["f1"], "searches": summary["searches"],
+                           "n": summary["n"], "digest": policy_digest(kept[step])}  # fmt: skip
+    return done
 
 
 def run_name(arm: str, seed: int) -> str:
@@ -311,6 +366,10 @@ def run_one(
             (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
         else:
             print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
+        want = [str(x) for x in getattr(args, "eval_steps", None) or []]
+        if any(k not in result.get("checkpoints", {}) for k in want):
+            result["checkpoints"] = result.get("checkpoints", {}) | evaluate_checkpoints(arm, seed, args, folder)
+            (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
     run = folder / "run"
     resume = (run / "up_config.toml").is_file()
@@ -350,7 +409,13 @@ def run_one(
         result |= {"stopped_dead_at": stopped, "stop_dead": args.stop_dead,
                    "stopped_why": why or f"reward 0 for {args.stop_dead} steps"}  # fmt: skip
     done = sorted(p.parent for p in (run / "weights").glob("v*/COMPLETE"))
-    if done and args.eval_limit:
+    result["checkpoints"] = evaluate_checkpoints(arm, seed, args, folder)
+    last = kept_versions(run)
+    final = result["checkpoints"].get(str(max(last))) if last else None
+    if final:  # the last step was one of --eval-steps: that evaluation is the final one
+        result |= {"eval_em": final["em"], "eval_f1": final["f1"], "eval_searches": final["searches"],
+                   "eval_n": final["n"], "eval_shape": _shape(cfgs["rollout"])}  # fmt: skip
+    elif done and args.eval_limit:
         result |= evaluate(done[-1], cfgs["rollout"], args.eval_limit, folder / "eval", run_name(arm, seed))
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     (args.out / "logs" / f"{run_name(arm, seed)}.jsonl").write_text(compact(log))
@@ -415,11 +480,43 @@ def baseline(args: argparse.Namespace) -> dict[str, Any] | None:
     folder.mkdir(parents=True, exist_ok=True)
     cfg = folder / "rollout.toml"
     cfg.write_text(tomli_w.dumps(preset_config(args.preset, "rollout")))
-    print(f"== baseline: evaluating the starting policy {model}", flush=True)
     result = {"model": str(model), "digest": policy_digest(model)}
-    result |= evaluate(model, cfg, args.eval_limit, folder / "eval", "baseline")
+    shipped = _shipped_heldout(args, cfg)
+    if shipped is not None:
+        print(f"== baseline: the shipped start's held-out results (same bytes, same shape): {model}", flush=True)
+        result |= shipped
+    else:
+        print(f"== baseline: evaluating the starting policy {model}", flush=True)
+        result |= evaluate(model, cfg, args.eval_limit, folder / "eval", "baseline")
+        if getattr(args, "eval_steps", None):
+            report = json.loads((folder / "eval" / "eval.json").read_text())
+            write_questions(args.out / QUESTIONS / "start-step0.jsonl",
+                            [e for rows in report["examples"].values() for e in rows])  # fmt: skip
     done.write_text(json.dumps(result, indent=1) + "\n")
     return result
+
+
+def _shipped_heldout(args: argparse.Namespace, cfg: Path) -> dict[str, Any] | None:
+    """A shipped start's own held-out results as the study's step 0, when they are the evaluation the
+    study would make: every held-out question (--eval-limit covers them), greedy, in the same answer
+    shape. The per-question file is copied to OUT/questions/start-step0.jsonl."""
+    from llds import starts
+
+    if args.model or PRESETS[args.preset][0] != "cpu" or not getattr(args, "eval_steps", None):
+        return None
+    start = starts.load(getattr(args, "start", None) or DEFAULT_START)
+    held = start.manifest.get("heldout") or {}
+    path = start.folder / starts.HELDOUT
+    if not path.is_file() or args.eval_limit < int(held.get("n", 0)) or not held.get("rollout_config"):
+        return None
+    if _shape(ROOT / held["rollout_config"]) != _shape(cfg):
+        return None
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    write_questions(args.out / QUESTIONS / "start-step0.jsonl", rows)
+    n = len(rows)
+    return {"eval_em": sum(r["em"] for r in rows) / n, "eval_f1": sum(r["f1"] for r in rows) / n,
+            "eval_searches": sum(r["searches"] for r in rows) / n, "eval_n": n, "eval_shape": _shape(cfg),
+            "from": f"{start.folder.relative_to(ROOT)}/{starts.HELDOUT}"}  # fmt: skip
 
 
 def _run_or_exit(*a: Any, **k: Any) -> dict[str, Any]:
@@ -454,7 +551,8 @@ def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) ->
     seen_seeds = set(_ints(str(old.get("seeds", "")))) | set(seeds)
     seen_arms = {x for x in str(old.get("arms", "")).split(",") if x.strip()} | set(arms)
     study = {k: getattr(args, k) for k in STUDY_KEYS}
-    differ = [f"{k} {old[k]!r} there, {study[k]!r} here" for k in ("preset", "steps", "eval_limit", "stop_dead")
+    differ = [f"{k} {old[k]!r} there, {study[k]!r} here"
+              for k in ("preset", "steps", "eval_limit", "eval_steps", "stop_dead", "start_digest")
               if k in old and old[k] != study[k]]  # fmt: skip
     if differ:
         raise SystemExit(
@@ -781,6 +879,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument(
         "--eval-limit", type=int, default=100, help="held-out questions per run (0 = skip evaluation)"
     )
+    p.add_argument("--eval-steps", default="",
+                   help="comma-separated steps whose weights are evaluated after each run (the preset must keep "
+                        "them: keep_versions_every); per-question results go to OUT/questions/")  # fmt: skip
     p.add_argument("--seeds", default="0,1", help="comma-separated trainer seeds; every arm runs each")
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     p.add_argument("--out", type=Path, default=Path("runs/experiment-lld"), help="output folder")
@@ -801,6 +902,12 @@ def main(argv: list[str] | None = None) -> int:
         seeds = [int(s) for s in args.seeds.split(",") if s.strip()]
     except ValueError:
         p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
+    try:
+        args.eval_steps = sorted(set(_ints(args.eval_steps)))
+    except ValueError:
+        p.error(f"--eval-steps must be comma-separated integers, got {args.eval_steps!r}")
+    if any(x < 1 or x > args.steps for x in args.eval_steps):
+        p.error(f"--eval-steps must lie in 1..--steps ({args.steps}), got {args.eval_steps}")
     if bad or not seeds or args.steps < 1 or args.eval_limit < 0:
         p.error(
             f"arms must be among {list(ARMS)} (got {bad}), --seeds non-empty, --steps >= 1, --eval-limit >= 0"
@@ -817,10 +924,12 @@ def main(argv: list[str] | None = None) -> int:
             for k, v in json.loads(study.read_text()).items():
                 setattr(args, k, v)
     else:
+        # One start per study: its digest is recorded in study.json and every run's result; a piece of
+        # the study started from other bytes is refused before anything runs.
+        args.start_digest = policy_digest(start_policy(args))
         _write_study(args, seeds, arms)
-        # The starting policy's digest (from its evaluation) is recorded in each run's result.
         start = baseline(args) or {}
-        args.start_digest, args.start_eval_em = start.get("digest"), start.get("eval_em")
+        args.start_eval_em = start.get("eval_em")
         results = []
         for s in seeds:
             for a in arms:

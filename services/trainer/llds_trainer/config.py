@@ -65,6 +65,13 @@ class AdamWConfig(ConfigModel):
     """torch's AdamW kernel: ``fused`` updates every parameter in one kernel (on a 2-core CPU ~3x faster
     than ``foreach`` for SmolLM2's 135M parameters, same arithmetic); ``auto``: fused for replicated
     parameters, foreach for fsdp's sharded ones."""
+    skip_updates: Literal["never", "zero_grad", "no_signal"] = "never"
+    """When an update does not move the weights at all. ``never`` (the default, what other frameworks
+    do): AdamW steps on every mini-batch, so a step whose gradient is exactly zero (every group of
+    plain GRPO uniform) still moves the weights through momentum and weight decay. ``zero_grad``: no
+    optimizer step (no momentum, no decay, no step count) when the pre-clip gradient norm is exactly 0.
+    ``no_signal``: none either when every trajectory of the mini-batch has advantage 0, even if a KL or
+    regularizer term adds a gradient. Skipped updates are counted in ``actor/skipped_updates``."""
 
 
 class PPOConfig(ConfigModel):
@@ -343,6 +350,9 @@ class TrainerConfig(ServiceSettings):
     """Publish a new weights version every N steps (independent of ``checkpoint_every``)."""
     keep_versions: int = Field(default=3, ge=1)
     """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
+    keep_versions_every: int = Field(default=0, ge=0)
+    """Also keep every published version whose step is a multiple of N (0: none): the checkpoints a
+    study evaluates after the run (``llds experiment lld --eval-steps``), 0.5 GB each for SmolLM2."""
     publish_shard_mb: int = Field(default=5000, ge=1)
     """Largest safetensors file of a published version, in MB: bigger policies are written as
     ``model-0000i-of-0000n.safetensors`` shards plus ``model.safetensors.index.json``, as the hub lays

@@ -279,7 +279,7 @@ class Trainer:
         total = MicroStats()
         ratio_max = 0.0
         grad_norms: list[float] = []
-        nonfinite = 0
+        nonfinite = skipped = 0
         corr: CorrectionOut | None = None
         corr_rec: dict[str, float | int | None] = {}
         if not first:
@@ -328,7 +328,9 @@ class Trainer:
                     ratio_max = max(ratio_max, r_max)
                 self.parallel.reduce_grads(self.params)
                 norm = self.parallel.clip_grad_norm(self.params, cfg.optimizer.grad_clip)
-                if math.isfinite(norm):
+                if self._skips(norm, [samples[i] for i in mini]):
+                    skipped += 1
+                elif math.isfinite(norm):
                     self.optimizer.step()
                 else:
                     nonfinite += 1
@@ -341,7 +343,19 @@ class Trainer:
         # Every rank reduces the same names in the same order, so every rank logs the same record.
         local = total.as_dict()
         sums = dict(zip(local, self.dist.all_reduce_sum(list(local.values())), strict=True))
+        corr_rec[K.ACTOR_SKIPPED_UPDATES] = skipped
         return sums, ratio_max, grad_norms, nonfinite, corr_rec
+
+    def _skips(self, norm: float, mini: list[Sample]) -> bool:
+        """Whether ``optimizer.skip_updates`` leaves the weights (and the optimizer's state) alone for
+        this update. ``norm`` is the pre-clip norm every rank computed alike; ``mini`` the whole
+        mini-batch (every rank's rows), so ranks agree."""
+        mode = self.cfg.optimizer.skip_updates
+        if mode == "zero_grad":
+            return norm == 0.0
+        if mode == "no_signal":
+            return all(s.advantage == 0 for s in mini)
+        return False
 
     def _probe(self, samples: list[Sample]) -> list[Tensor]:
         """Log-probs after the step's last update, of the micro-batches that hold a correct response:
@@ -419,7 +433,7 @@ class Trainer:
             K.LLDS_GATED_FRACTION: sums["gated"] / sums["gate_units"] if sums["gate_units"] else 0.0,
             K.LLDS_ANSWER_WEIGHT: ans_w,
             K.ACTOR_LR: lr,
-            K.ACTOR_UPDATES: len(grad_norms) - nonfinite,
+            K.ACTOR_UPDATES: len(grad_norms) - nonfinite - corr_rec[K.ACTOR_SKIPPED_UPDATES],
             K.ACTOR_NONFINITE_UPDATES: nonfinite,
             K.ACTOR_GRAD_NORM: mean(grad_norms),
             K.ACTOR_GRAD_NORM_MAX: max(grad_norms) if grad_norms else None,

@@ -80,6 +80,7 @@ def publish_folder(
     keep: int,
     max_shard_mb: int = 5000,
     state_dict: dict[str, Any] | None = None,
+    keep_every: int = 0,
 ) -> Path:
     """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
 
@@ -93,6 +94,8 @@ def publish_folder(
         max_shard_mb: largest safetensors file; a bigger model is written as shards plus an index.
         state_dict: the tensors to write instead of ``model``'s own (a sharded model's, gathered to
             this rank by ``Trainer.published_state``); tied names share one tensor.
+        keep_every: also keep every version whose step is a multiple of this (0: none); see
+            :func:`gc_versions`.
     """
     root = Path(weights_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -123,13 +126,23 @@ def publish_folder(
     os.replace(marker_tmp, final / MARKER)
     _fsync(final)
     _fsync(root)
-    gc_versions(root, keep)
+    gc_versions(root, keep, keep_every)
     return final
 
 
-def gc_versions(weights_root: Path, keep: int) -> list[Path]:
+def marker_step(folder: Path) -> int | None:
+    """The trainer step recorded in a complete version's marker (None: no readable marker)."""
+    try:
+        return int(json.loads((folder / MARKER).read_text())["step"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
+def gc_versions(weights_root: Path, keep: int, keep_every: int = 0) -> list[Path]:
     """Delete all but the newest ``keep`` complete versions, every version folder without its marker
-    and every temp folder; returns what went.
+    and every temp folder; returns what went. With ``keep_every`` > 0 a complete version whose marker
+    names a step that is a multiple of it stays too: the checkpoints a study evaluates afterwards
+    (``keep_versions_every``).
 
     Call only while no publish is in flight (after one, or at start-up): the trainer is the only
     writer of ``weights_root``, so a temp folder or a folder without ``COMPLETE`` then is a crashed
@@ -143,7 +156,10 @@ def gc_versions(weights_root: Path, keep: int) -> list[Path]:
         if (m := _VERSION_DIR.match(p.name)) and p.is_dir()
     )
     complete = [p for _, p in versions if (p / MARKER).is_file()]
-    gone = [p for _, p in versions if not (p / MARKER).is_file()] + complete[:-keep]
+    old = complete[:-keep]
+    if keep_every > 0:
+        old = [p for p in old if (step := marker_step(p)) is None or step % keep_every != 0]
+    gone = [p for _, p in versions if not (p / MARKER).is_file()] + old
     gone.extend(p for p in weights_root.glob(".v*") if re.match(r"^\.v(\d{6})\.", p.name))
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)

@@ -219,7 +219,7 @@ class TrainerService:
             if self.cfg.weight_sync == "filesystem":
                 from llds_trainer.publish import gc_versions
 
-                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions)
+                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions, self.cfg.keep_versions_every)
             self._write_info()
             self._tidy_stream()
         dist.barrier()
@@ -500,6 +500,7 @@ class TrainerService:
                     self.cfg.keep_versions,
                     self.cfg.publish_shard_mb,
                     state_dict=state,
+                    keep_every=self.cfg.keep_versions_every,
                 )
                 log.info("published version %d (step %d) to %s", version, step, path)
         if not dist.is_main:

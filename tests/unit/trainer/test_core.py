@@ -206,3 +206,38 @@ def test_pi_old_from_the_first_update_is_the_passes_value(tiny_model_dir: Path, 
     # One mini-batch: no pass at all, every pi_old from the update's forward.
     one = Trainer(_cfg(tiny_model_dir, minibatches_per_step=1))
     assert one.train_step(groups[:2])["perf/old_from_update_frac"] == 1.0
+
+
+def _uniform(group: Any) -> Any:
+    """``group`` with every trajectory rewarded alike: advantage 0 everywhere, no policy gradient."""
+    trajs = [t.model_copy(update={"reward": 0.0, "exact_match": 0.0}) for t in group.trajectories]
+    return group.model_copy(update={"trajectories": trajs})
+
+
+@pytest.mark.parametrize("mode", ["never", "zero_grad", "no_signal"])
+def test_skip_updates_leaves_the_weights_alone_on_a_step_without_signal(
+    tiny_model_dir: Path, groups: list[Any], mode: str
+) -> None:
+    """Plain GRPO on uniform groups: the gradient is exactly zero, yet AdamW (momentum from an earlier
+    step, weight decay) moves the weights unless ``optimizer.skip_updates`` says otherwise."""
+    tr = Trainer(_cfg(tiny_model_dir, regularizer={"type": "none"}, optimizer={"skip_updates": mode}))
+    first = tr.train_step(groups[:2])  # a step with signal: Adam has momentum now
+    assert first["actor/skipped_updates"] == 0 and first["actor/updates"] == 2
+    before = [p.detach().clone() for p in tr.model.parameters()]
+    rec = tr.train_step([_uniform(g) for g in groups[2:]])
+    assert rec["actor/grad_norm"] == 0.0
+    moved = any(not torch.equal(a, p.detach()) for a, p in zip(before, tr.model.parameters(), strict=True))
+    assert moved == (mode == "never")
+    assert rec["actor/skipped_updates"] == (0 if mode == "never" else 2)
+    assert rec["actor/updates"] == (2 if mode == "never" else 0)
+
+
+def test_no_signal_skips_even_with_a_kl_gradient(tiny_model_dir: Path, groups: list[Any]) -> None:
+    """With KL on, uniform groups still give a (KL) gradient: ``zero_grad`` steps, ``no_signal`` does not."""
+    for mode, skipped in (("zero_grad", 0), ("no_signal", 2)):
+        tr = Trainer(_cfg(tiny_model_dir, regularizer={"type": "none"}, kl_coef=0.1,
+                          optimizer={"skip_updates": mode}))  # fmt: skip
+        tr.train_step(groups[:2])
+        rec = tr.train_step([_uniform(g) for g in groups[2:]])
+        assert rec["actor/grad_norm"] > 0
+        assert rec["actor/skipped_updates"] == skipped, mode

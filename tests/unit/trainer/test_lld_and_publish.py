@@ -255,3 +255,18 @@ def test_dynamic_sampling_fails_clearly_when_every_group_is_uniform(tokenizer: A
     svc.metrics, svc.stop_event, svc.queue = TrainerMetrics(), threading.Event(), Queue(mixed)
     groups, ids = svc._fetch_usable()
     assert [g.group_id for g in groups] == [gs[9].group_id, gs[0].group_id] and ids == ["3-0", "6-0"]
+
+
+def test_gc_keeps_the_versions_a_study_evaluates(tmp_path: Path) -> None:
+    """keep_versions_every: a complete version whose marker names a step that is a multiple of N
+    survives garbage collection beside the newest ``keep``; the others go as before."""
+    import json
+
+    for v in range(1, 13):
+        d = tmp_path / f"v{v:06d}"
+        d.mkdir()
+        (d / MARKER).write_text(json.dumps({"version": v, "step": v + 100, "files": {}}))
+    gc_versions(tmp_path, keep=2, keep_every=5)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000005", "v000010", "v000011", "v000012"]
+    gc_versions(tmp_path, keep=1)  # without it the evaluated steps go too
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000012"]
