@@ -37,6 +37,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "replay_main",
         "replay the LLD monitor on step logs",
     ),
+    ("trainer", "probe-lld"): (
+        "llds_trainer.probeset",
+        "main",
+        "log-likelihood of a fixed set of correct trajectories under each policy given",
+    ),
     ("warmstart",): ("llds_trainer.warmstart", "main", "fine-tune the policy on protocol demonstrations"),
     ("world", "build"): ("llds.world", "main", "write the synthetic world (corpus + questions)"),
     ("start", "list"): ("llds.starts", "main", "the starting policies that ship with the project"),

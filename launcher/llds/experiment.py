@@ -47,10 +47,16 @@ ARMS: dict[str, dict[str, Any]] = {
     # never reads 0 and --stop-dead cannot see a death; the trainer stops itself instead after 8 uniform
     # groups in a row (the 2 groups of 4 steps, as --stop-dead 4 on the other arms).
     "grpo_ds": {"regularizer": {"type": "none"}, "dynamic_sampling": True, "dynamic_sampling_max_skips": 8},
+    # The controlled study's controls (docs/study/DESIGN.md): GRPO whose optimizer leaves the weights alone
+    # on an update without advantage signal (no momentum, no decay: only KL would move them otherwise),
+    # and LLDS without its action gate (every token whose likelihood fell, lambda 0.2).
+    "grpo_skipzero": {"regularizer": {"type": "none"}, "optimizer": {"skip_updates": "no_signal"}},
+    "grpo_llds_token": {"regularizer": _LLDS | {"gate": "token"}},
 }
 """Trainer-config overrides of each arm (merged by :func:`merged`); everything else comes from the preset
 (or --trainer-config)."""
-STUDY_KEYS = ("preset", "steps", "eval_limit", "eval_steps", "seeds", "arms", "stop_dead", "start_digest")
+STUDY_KEYS = ("preset", "steps", "eval_limit", "eval_steps", "trainer_set", "seeds", "arms", "stop_dead",
+              "start_digest")
 """What OUT/study.json records of the command, so --report-only can state it."""
 
 SIGNALS = [
@@ -65,7 +71,8 @@ SIGNALS = [
 ]
 """Signals plotted, one figure each."""
 LOG_KEYS = [K.STEP, *(k for k, _ in SIGNALS), K.LLD_ACTION, K.LLDS_LAMBDA, K.ROLLOUT_VALID_SEARCHES_MEAN,
-            K.DATA_UNIFORM_SKIPPED, K.PERF_STEP_S, K.TIME_UNIX]  # fmt: skip
+            K.DATA_UNIFORM_SKIPPED, K.LOSS_KL, K.ACTOR_UPDATES, K.ACTOR_SKIPPED_UPDATES, K.PERF_STEP_S,
+            K.PERF_LOAD1, K.TIME_UNIX]  # fmt: skip
 """Keys kept in a run's compact log (OUT/logs/*.jsonl)."""
 
 COLLAPSE_WINDOW = 10
@@ -230,7 +237,38 @@ def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: 
         summary = report["summary"][0]
         done[str(step)] = {"em": summary["em"], "f1": summary["f1"], "searches": summary["searches"],
                            "n": summary["n"], "digest": policy_digest(kept[step])}  # fmt: skip
+    lld = args.out / LLD / f"{run_name(arm, seed)}.json"
+    if done and not lld.is_file():
+        probe_lld({int(k): kept[int(k)] for k in done}, lld)
     return done
+
+
+LLD = "lld"
+"""OUT/lld/: the fixed probe set's log-likelihood (``llds trainer probe-lld``) under the start
+(``start.json``) and each run's evaluated checkpoints (``<arm>-s<seed>.json``: step -> per token)."""
+
+
+def probe_lld(models: dict[int, Path], out: Path) -> None:
+    """Score the fixed probe set of correct trajectories under each checkpoint (step -> weights folder);
+    writes ``{"logp_token": {step: value}, "per_demo": {step: [...]}}`` to ``out``."""
+    import subprocess
+    import tempfile
+
+    from llds.up import ensure_world
+
+    steps = sorted(models)
+    with tempfile.TemporaryDirectory() as tmp:
+        raw = Path(tmp) / "lld.json"
+        cmd = [sys.executable, "-m", "llds.cli", "trainer", "probe-lld", "--world", str(ensure_world(0)),
+               "--out", str(raw)] + [x for s in steps for x in ("--model", str(models[s]))]  # fmt: skip
+        if subprocess.run(cmd).returncode != 0:
+            raise RuntimeError(f"probe-lld failed for {out.stem}")
+        rep = json.loads(raw.read_text())
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"first": rep["first"], "count": rep["count"],
+                               "logp_token": {str(s): m["logp_token"] for s, m in zip(steps, rep["models"], strict=True)},
+                               "per_demo": {str(s): [round(d["logp"], 4) for d in m["per_demo"]]
+                                            for s, m in zip(steps, rep["models"], strict=True)}}) + "\n")  # fmt: skip
 
 
 def run_name(arm: str, seed: int) -> str:
@@ -366,10 +404,12 @@ def run_one(
             (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
         else:
             print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
-        want = [str(x) for x in getattr(args, "eval_steps", None) or []]
-        if any(k not in result.get("checkpoints", {}) for k in want):
-            result["checkpoints"] = result.get("checkpoints", {}) | evaluate_checkpoints(arm, seed, args, folder)
-            (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        if getattr(args, "eval_steps", None):
+            # checkpoints not evaluated yet (or their probe-set LLD): an evaluation is done once
+            now = result.get("checkpoints", {}) | evaluate_checkpoints(arm, seed, args, folder)
+            if now != result.get("checkpoints"):
+                result["checkpoints"] = now
+                (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
         return result
     run = folder / "run"
     resume = (run / "up_config.toml").is_file()
@@ -380,7 +420,7 @@ def run_one(
     cfgs = {"trainer": folder / "trainer_variant.toml", "rollout": folder / "rollout_variant.toml"}
     if not resume:
         given = args.trainer_config and tomllib.loads(Path(args.trainer_config).read_text())
-        base = given or preset_config(args.preset, "trainer")
+        base = merged(given or preset_config(args.preset, "trainer"), trainer_sets(getattr(args, "trainer_set", None)))
         cfgs["trainer"].write_text(tomli_w.dumps(merged(base, trainer | {"seed": seed})))
         seeded = merged(preset_config(args.preset, "rollout"), rollout or {})
         seeded = merged(seeded, {"seed": seed, "engine": {"seed": seed}})
@@ -528,6 +568,27 @@ def _run_or_exit(*a: Any, **k: Any) -> dict[str, Any]:
         ) from None
 
 
+def trainer_sets(items: list[str] | None) -> dict[str, Any]:
+    """``--trainer-set KEY=VALUE`` items as a nested override (``optimizer.lr=4e-5`` ->
+    ``{"optimizer": {"lr": 4e-05}}``); a value is read as TOML (numbers, booleans, quoted strings), a
+    bare word as a string. ValueError names a malformed item."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, eq, raw = item.partition("=")
+        if not eq or not key.strip() or any(not part for part in key.strip().split(".")):
+            raise ValueError(f"--trainer-set wants KEY=VALUE (dotted keys), got {item!r}")
+        try:
+            value = tomllib.loads(f"v = {raw.strip()}")["v"]
+        except tomllib.TOMLDecodeError:
+            value = raw.strip()
+        node = out
+        *parents, last = key.strip().split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[last] = value
+    return out
+
+
 def _ints(text: str) -> list[int]:
     return [int(x) for x in text.split(",") if x.strip()]
 
@@ -552,7 +613,7 @@ def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) ->
     seen_arms = {x for x in str(old.get("arms", "")).split(",") if x.strip()} | set(arms)
     study = {k: getattr(args, k) for k in STUDY_KEYS}
     differ = [f"{k} {old[k]!r} there, {study[k]!r} here"
-              for k in ("preset", "steps", "eval_limit", "eval_steps", "stop_dead", "start_digest")
+              for k in ("preset", "steps", "eval_limit", "eval_steps", "trainer_set", "stop_dead", "start_digest")
               if k in old and old[k] != study[k]]  # fmt: skip
     if differ:
         raise SystemExit(
@@ -702,6 +763,12 @@ def report(
         lines += ["", "Paired by seed, against GRPO (`eval_em - start`: each run's held-out EM less its own "
                   "starting policy's, which pairs runs that started from different policies):", "", "| arms | figure | per seed | mean | std |",
                   "|---|---|---|---|---|", *diffs]  # fmt: skip
+    if getattr(args, "eval_steps", None) and (args.out / QUESTIONS / "start-step0.jsonl").is_file():
+        from llds import study
+
+        more, figs = study.section(args.out, list(ARMS))
+        lines += ["", "## Held-out evaluation at checkpoints (per question, paired)", "",
+                  "Definitions, arms and statistics as declared in docs/study/DESIGN.md.", "", *more]  # fmt: skip
     lines += ["", *[f"![{p.stem}]({plot_prefix}{p.name})" for p in plots], ""]
     return "\n".join(lines)
 
@@ -875,6 +942,8 @@ def main(argv: list[str] | None = None) -> int:
         "--start", default="smollm2-demos160", help="shipped start of the cpu presets (llds start list)"
     )
     p.add_argument("--trainer-config", help="base trainer TOML (default configs/trainer_<preset>.toml)")
+    p.add_argument("--trainer-set", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a trainer setting of every arm (dotted keys: optimizer.lr=4e-5); repeatable")  # fmt: skip
     p.add_argument("--steps", type=int, default=8, help="RL steps per run")
     p.add_argument(
         "--eval-limit", type=int, default=100, help="held-out questions per run (0 = skip evaluation)"
@@ -903,6 +972,10 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         p.error(f"--seeds must be comma-separated integers, got {args.seeds!r}")
     try:
+        trainer_sets(args.trainer_set)
+    except ValueError as e:
+        p.error(str(e))
+    try:
         args.eval_steps = sorted(set(_ints(args.eval_steps)))
     except ValueError:
         p.error(f"--eval-steps must be comma-separated integers, got {args.eval_steps!r}")
@@ -930,6 +1003,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_study(args, seeds, arms)
         start = baseline(args) or {}
         args.start_eval_em = start.get("eval_em")
+        if args.eval_steps and args.eval_limit and not (args.out / LLD / "start.json").is_file():
+            probe_lld({0: start_policy(args)}, args.out / LLD / "start.json")  # type: ignore[dict-item]
         results = []
         for s in seeds:
             for a in arms:

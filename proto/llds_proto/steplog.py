@@ -146,6 +146,9 @@ PERF_UPDATE_S = "perf/update_s"
 """Time of the update passes (seconds)."""
 PERF_TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
 """Tokens per second in the update passes."""
+PERF_LOAD1 = "perf/load1"
+"""The host's 1-minute load average when the step's record was written (other work on the machine
+changes timing and so which groups are stale: studies record it)."""
 
 # ------------------------------------------------------------------ LLD signals (correct responses, pi_old)
 LLD_N_CORRECT = "lld/n_correct"

@@ -357,13 +357,24 @@ class Trainer:
             return all(s.advantage == 0 for s in mini)
         return False
 
-    def _probe(self, samples: list[Sample]) -> list[Tensor]:
+    def _probe(self, samples: list[Sample], parts: list[list[int]]) -> list[Tensor]:
         """Log-probs after the step's last update, of the micro-batches that hold a correct response:
-        the displacement signals read no other (``llds_trainer.signals``). Rows not scored are empty."""
-        correct = {i for i, s in enumerate(samples) if s.correct}
-        if not correct:
-            return [torch.zeros(0) for _ in samples]
-        return self.scorer.score(samples, entropy=False, ref=False, only=correct)[0]
+        the displacement signals read no other (``llds_trainer.signals``). Rows not scored are empty.
+
+        ``parts``: the sample lists pi_old was scored in (the first update's mini-batch, in its order,
+        and the pi_old pass's rows), each re-scored in the same micro-batches, so that a sample's
+        before and after come from the same padding and batch: weights that did not move give a
+        displacement of exactly zero."""
+        out = [torch.zeros(0) for _ in samples]
+        for part in parts:
+            sub = [samples[i] for i in part]
+            correct = {k for k, s in enumerate(sub) if s.correct}
+            if not correct:
+                continue
+            scored = self.scorer.score(sub, entropy=False, ref=False, only=correct)[0]
+            for k, i in enumerate(part):
+                out[i] = scored[k]
+        return out
 
     # ------------------------------------------------------------------ the step
     def train_step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
@@ -412,7 +423,7 @@ class Trainer:
         t_train = time.perf_counter()
         n_micro = max(sums["micro"], 1)
 
-        after = self._probe(samples) if cfg.lld.probe else None
+        after = self._probe(samples, [list(orders[0][0]) if first else [], rest]) if cfg.lld.probe else None
         t_probe = time.perf_counter()
         self.state.step += 1
         rec: dict[str, Any] = {

@@ -329,6 +329,7 @@ class TrainerService:
 
     def _log_step(self, step: int, rec: dict[str, Any], entry_ids: list[str]) -> None:
         """Rank 0: the step's record to the log and trackers; its entries await the next checkpoint."""
+        rec[K.PERF_LOAD1] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
         with open(self.run_dir / TRAIN_LOG, "a") as f:
             f.write(json.dumps(rec) + "\n")
         for w in self.writers:

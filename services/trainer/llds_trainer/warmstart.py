@@ -106,10 +106,11 @@ def build_demonstration(
 
 
 def build_demonstrations(
-    tokenizer: Any, world: Path, max_examples: int | None = None, seed: int = 0
+    tokenizer: Any, world: Path, max_examples: int | None = None, seed: int = 0, first: int = 0
 ) -> list[Demonstration]:
+    """Demonstrations of the train split's rows ``first`` .. ``first + max_examples`` (all: None)."""
     corpus = {str(d["id"]): d for d in read_jsonl(world / "corpus.jsonl")}
-    rows = read_jsonl(world / "train.jsonl")
+    rows = read_jsonl(world / "train.jsonl")[first:]
     if max_examples:
         rows = rows[:max_examples]
     rng = random.Random(seed)

@@ -402,6 +402,7 @@ def test_invocations_with_other_seeds_or_arms_add_up_and_another_study_is_refuse
 
     monkeypatch.setattr(experiment, "_run_or_exit", fake_run)
     monkeypatch.setattr(experiment, "baseline", lambda args: None)
+    monkeypatch.setattr(experiment, "start_policy", lambda args: None)
     out = tmp_path / "study"
     base = ["--out", str(out), "--preset", "cpu", "--steps", "30", "--eval-limit", "0"]
     assert experiment.main([*base, "--seeds", "0", "--arms", "grpo,grpo_llds"]) == 0
@@ -479,3 +480,93 @@ def test_every_arm_is_a_valid_trainer_config_on_the_collapse_preset(arm: str) ->
     assert llds == ("llds" in arm or "alarm" in arm)
     if arm == "grpo_llds_l1":
         assert cfg.regularizer.coef == 1.0
+
+
+def _policy(folder: Path, last: float) -> Path:
+    import torch
+    from safetensors.torch import save_file
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.tensor([0.0, last])}, str(folder / "model.safetensors"))
+    return folder
+
+
+def test_a_piece_of_the_study_from_another_start_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One start per study: study.json records its tensors' digest, and a later piece whose start has
+    other bytes stops before anything runs."""
+    ran: list[str] = []
+    monkeypatch.setattr(experiment, "_run_or_exit", lambda a, s, args: ran.append(a) or experiment.summarize(a, s, STEADY))
+    monkeypatch.setattr(experiment, "baseline", lambda args: None)
+    a, b = _policy(tmp_path / "a", 0.0), _policy(tmp_path / "b", 1.0)
+    base = ["--out", str(tmp_path / "study"), "--preset", "cpu", "--steps", "30", "--eval-limit", "0"]
+    assert experiment.main([*base, "--model", str(a), "--seeds", "0", "--arms", "grpo"]) == 0
+    assert json.loads((tmp_path / "study" / "study.json").read_text())["start_digest"] == experiment.policy_digest(a)
+    with pytest.raises(SystemExit, match=f"start_digest '{experiment.policy_digest(a)}' there"):
+        experiment.main([*base, "--model", str(b), "--seeds", "1", "--arms", "grpo"])
+    assert ran == ["grpo"]
+
+
+def test_checkpoints_are_evaluated_per_question_once_and_dead_steps_have_none(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--eval-steps: the kept weights at each step (found by the step in their marker, not the version
+    number) are evaluated on every question, per-question rows go to OUT/questions/, the fixed probe
+    set is scored once per run, and a finished run gains only the checkpoints it lacks."""
+    import subprocess
+
+    evals: list[list[str]] = []
+    fake = _fake_eval(evals, em=0.5)
+
+    def run(cmd: list[str], *a: Any, **k: Any) -> Any:
+        out = fake(cmd, *a, **k)
+        d = Path(cmd[cmd.index("--out") + 1])
+        rep = json.loads((d / "eval.json").read_text())
+        rep["summary"][0]["n"] = 2
+        rep["examples"] = {"synthworld-eval": [{"id": "q0", "em": 1.0, "f1": 1.0, "searches": 1, "prediction": "x"},
+                                               {"id": "q1", "em": 0.0, "f1": 0.0, "searches": 2, "prediction": "y"}]}  # fmt: skip
+        (d / "eval.json").write_text(json.dumps(rep))
+        return out
+
+    probes: list[dict[int, Path]] = []
+    monkeypatch.setattr(subprocess, "run", run)
+    monkeypatch.setattr(experiment, "probe_lld", lambda models, out: probes.append(models) or out.parent.mkdir(parents=True, exist_ok=True) or out.write_text("{}"))  # noqa: E501
+    folder = tmp_path / "runs" / "grpo-s0"
+    for version, step in ((7, 10), (9, 12)):  # a resumed run: versions ahead of steps
+        d = folder / "run" / "weights" / f"v{version:06d}"
+        d.mkdir(parents=True)
+        (d / "COMPLETE").write_text(json.dumps({"version": version, "step": step, "files": {}}))
+    (folder / "rollout_variant.toml").write_text("topk = 2\n")
+    shape = experiment._shape(folder / "rollout_variant.toml")
+    (folder / "result.json").write_text(json.dumps({"arm": "grpo", "seed": 0, "stopped_dead_at": 12, "eval_shape": shape}))
+    args = argparse.Namespace(out=tmp_path, preset="cpu-study", eval_limit=195, resume=True, eval_steps=[10, 20])
+    got = experiment.run_one("grpo", 0, args)
+    assert list(got["checkpoints"]) == ["10"] and got["checkpoints"]["10"]["em"] == 0.5 and len(evals) == 1
+    assert evals[0][evals[0].index("--model") + 1].endswith("v000007")
+    rows = (tmp_path / "questions" / "grpo-s0-step10.jsonl").read_text().splitlines()
+    assert [json.loads(r) for r in rows] == [{"id": "q0", "em": 1.0, "f1": 1.0, "searches": 1},
+                                             {"id": "q1", "em": 0.0, "f1": 0.0, "searches": 2}]  # fmt: skip
+    assert len(probes) == 1 and list(probes[0]) == [10]
+    experiment.run_one("grpo", 0, args)  # step 20 has no weights (stopped dead at 12): nothing more to do
+    assert len(evals) == 1 and len(probes) == 1
+
+
+def test_trainer_sets_are_nested_typed_overrides_and_bad_ones_are_named() -> None:
+    got = experiment.trainer_sets(["optimizer.lr=4e-5", "kl_coef=0", "regularizer.gate=token", 'run_id="x y"',
+                                   "lld.probe=false"])  # fmt: skip
+    assert got == {"optimizer": {"lr": 4e-5}, "kl_coef": 0, "regularizer": {"gate": "token"}, "run_id": "x y",
+                   "lld": {"probe": False}}  # fmt: skip
+    for bad in ("lr", "=3", "optimizer..lr=1"):
+        with pytest.raises(ValueError, match=repr(bad).replace(".", r"\.")):
+            experiment.trainer_sets([bad])
+    cfg = TrainerConfig(**experiment.merged(experiment.preset_config("cpu-study", "trainer"), got | {"run_id": "x"}))
+    assert cfg.optimizer.lr == 4e-5 and cfg.keep_versions_every == 10 and cfg.groups_per_step == 4
+
+
+@pytest.mark.parametrize("arm", list(experiment.ARMS))
+def test_every_arm_is_a_valid_trainer_config_on_the_study_preset(arm: str) -> None:
+    cfg = TrainerConfig(**experiment.merged(experiment.preset_config("cpu-study", "trainer"), experiment.ARMS[arm]))
+    assert cfg.kl_coef == 0.001 and cfg.groups_per_step == 4
+    if arm == "grpo_skipzero":
+        assert cfg.optimizer.skip_updates == "no_signal" and cfg.regularizer.type == "none"
+    if arm == "grpo_llds_token":
+        assert cfg.regularizer.gate == "token" and cfg.regularizer.coef == 0.2

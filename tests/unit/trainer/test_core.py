@@ -175,7 +175,7 @@ def test_the_probe_scores_correct_responses_alone_with_the_full_passes_values(
     samples = samples_from_groups(groups[2:])
     samples.sort(key=lambda s: s.correct)  # wrong ones first: whole micro-batches without a correct one
     assert 2 <= sum(not s.correct for s in samples) and any(s.correct for s in samples)
-    probe = tr._probe(samples)
+    probe = tr._probe(samples, [[], list(range(len(samples)))])
     full = tr.scorer.score(samples, entropy=False, ref=False)[0]
     pairs = [i for i in range(0, len(samples), 2) if not (samples[i].correct or samples[i + 1].correct)]
     assert pairs  # some micro-batch (2 samples) holds no correct response: it is not scored
@@ -241,3 +241,19 @@ def test_no_signal_skips_even_with_a_kl_gradient(tiny_model_dir: Path, groups: l
         rec = tr.train_step([_uniform(g) for g in groups[2:]])
         assert rec["actor/grad_norm"] > 0
         assert rec["actor/skipped_updates"] == skipped, mode
+
+
+def test_the_fell_fraction_reads_zero_when_the_weights_did_not_move(tiny_model_dir: Path, groups: list[Any]) -> None:
+    """Groups all correct (advantage 0): with ``skip_updates`` the weights stay, and no correct response
+    may read as having fallen; without it AdamW's momentum moves them and the signal sees that."""
+
+    def all_right(group: Any) -> Any:
+        trajs = [t.model_copy(update={"reward": 1.0, "exact_match": 1.0}) for t in group.trajectories]
+        return group.model_copy(update={"trajectories": trajs})
+
+    for mode in ("no_signal", "never"):
+        tr = Trainer(_cfg(tiny_model_dir, regularizer={"type": "none"}, optimizer={"skip_updates": mode}))
+        tr.train_step(groups[:2])
+        rec = tr.train_step([all_right(g) for g in groups[2:]])
+        fell = rec["lld/fell_fraction_responses"]
+        assert (fell == 0.0) if mode == "no_signal" else (fell is not None and fell > 0), (mode, fell)
