@@ -72,7 +72,7 @@ SIGNALS = [
 """Signals plotted, one figure each."""
 LOG_KEYS = [K.STEP, *(k for k, _ in SIGNALS), K.LLD_ACTION, K.LLDS_LAMBDA, K.ROLLOUT_VALID_SEARCHES_MEAN,
             K.DATA_UNIFORM_SKIPPED, K.LOSS_KL, K.ACTOR_UPDATES, K.ACTOR_SKIPPED_UPDATES, K.PERF_STEP_S,
-            K.PERF_LOAD1, K.TIME_UNIX]  # fmt: skip
+            K.PERF_LOAD1, K.RUN_START_DIGEST, K.TIME_UNIX]  # fmt: skip
 """Keys kept in a run's compact log (OUT/logs/*.jsonl)."""
 
 COLLAPSE_WINDOW = 10
@@ -440,6 +440,11 @@ def run_one(
         except NoSignal as e:
             stopped, why = e.step, "no learning signal: dynamic sampling's uniform-group limit"
     log = _read_log(run)
+    logged = {str(r[K.RUN_START_DIGEST]) for r in log if r.get(K.RUN_START_DIGEST)}
+    want = getattr(args, "start_digest", None)
+    if want and logged and logged != {want}:
+        raise SystemExit(f"llds experiment: {run_name(arm, seed)} started from {', '.join(sorted(logged))} (its step "
+                         f"log), not the study's start {want}: not a run of this study")  # fmt: skip
     result = summarize(arm, seed, log) | {"overrides": trainer, "train_s": time.monotonic() - t0,
                                           "start_digest": getattr(args, "start_digest", None),
                                           "start_eval_em": getattr(args, "start_eval_em", None)}  # fmt: skip
@@ -855,6 +860,26 @@ def _copy_to_repo(dest: Path, files: list[Path], out: Path, logs: dict[str, Any]
         shutil.copy(out / "logs" / f"{name}.jsonl", dest / "logs" / f"{name}.jsonl")
 
 
+def export(out: Path, dest: Path) -> list[Path]:
+    """Copy what the study's report is rebuilt from into ``dest`` (to commit): study.json, results.json,
+    the start's evaluation (baseline.json), the compact step logs, the per-question results and the
+    probe-set LLD. ``llds experiment lld --report-only --out DEST`` then regenerates the report and its
+    figures from those files alone."""
+    import shutil
+
+    copied = []
+    pairs = [(out / "study.json", dest / "study.json"), (out / "results.json", dest / "results.json"),
+             (out / "baseline" / "result.json", dest / "baseline.json")]  # fmt: skip
+    for sub in ("logs", QUESTIONS, LLD):
+        pairs += [(f, dest / sub / f.name) for f in sorted((out / sub).glob("*.json*"))]
+    for src, dst in pairs:
+        if src.is_file():
+            dst.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(src, dst)
+            copied.append(dst)
+    return copied
+
+
 def _interruptible() -> None:
     """Ctrl-C stops the experiment (after its current run stopped cleanly) even when it was started
     with SIGINT ignored (a script's background job inherits that)."""
@@ -959,6 +984,8 @@ def main(argv: list[str] | None = None) -> int:
                    help="stop a run once this many consecutive steps had zero reward (0 = never)")  # fmt: skip
     p.add_argument("--write-repo-report", action="store_true",
                    help="also write the repository's EXPERIMENTS.md (plots and logs into docs/experiment-lld/)")  # fmt: skip
+    p.add_argument("--export", type=Path, metavar="DIR",
+                   help="also copy the files the report is rebuilt from into DIR (to commit: --report-only --out DIR)")  # fmt: skip
     p.add_argument(
         "--report-only",
         action="store_true",
@@ -1017,6 +1044,8 @@ def main(argv: list[str] | None = None) -> int:
     base = json.loads(copy.read_text()) if copy.is_file() else None
     md = report(results, args, plots, base=base)
     (args.out / "EXPERIMENTS.md").write_text(md)
+    if args.export:
+        print(f"exported {len(export(args.out, args.export))} files to {args.export}", flush=True)
     if args.write_repo_report:
         files = [*plots, args.out / "results.json", args.out / "study.json"]
         _copy_to_repo(ROOT / "docs" / "experiment-lld", files, args.out, logs)

@@ -123,6 +123,10 @@ ROLLOUT_TURNS_MEAN = "rollout/turns_mean"
 ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 """Mean response length (tokens)."""
 
+RUN_START_DIGEST = "run/start_digest"
+"""Short tensors digest (``llds_proto.digest``) of the policy the run started from (a string; null for a
+hub name or a run from before digests): which start a run had, read from its own log."""
+
 # ------------------------------------------------------------------ timing
 PERF_STEP_S = "perf/step_s"
 """Wall time of the learner's step: scoring, updates and the LLD probe (seconds)."""

@@ -165,6 +165,12 @@ def test_trains_publishes_notifies_and_serves(
     run = tmp_path / "run"
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records] == [1, 2]
+    # Each record names the start by its tensors' digest (hashed once, kept for resumes).
+    from llds_proto.digest import short, tensors_digest
+
+    assert {x["run/start_digest"] for x in records} == {short(tensors_digest(tiny_model_dir))}
+    assert json.loads((run / "start.json").read_text())["digest"] == records[0]["run/start_digest"]
+    assert all(x["perf/load1"] >= 0 for x in records)
     # Two mini-batch updates per step: the second one sees pi_theta != pi_old, so LLDS is non-zero.
     assert all(x["actor/updates"] == 2 for x in records)
     assert any(x["loss/llds"] > 0 for x in records)
@@ -252,6 +258,7 @@ def test_kill9_at_every_point_loses_nothing_and_trains_nothing_twice(
     assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records] == [1, 2, 3, 4]
+    assert len({x["run/start_digest"] for x in records}) == 1 and records[0]["run/start_digest"]  # across resumes
     assert r.get(streams.DEFAULT_KEYS.trainer_version) == b"4"
     for v in (2, 3, 4):
         assert (tmp_path / "weights" / f"v{v:06d}" / MARKER).is_file()

@@ -131,6 +131,7 @@ class TrainerService:
         self.redis: Any = None
         self.tokenizer: Any = None
         self._unacked: list[str] = []
+        self.start_digest: str | None = None
         self._uniform_skipped = 0
         """Groups skipped by dynamic sampling while the current step's batch was read."""
         """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
@@ -194,6 +195,7 @@ class TrainerService:
             )
         plan: tuple[int, dict[str, Any]] | None = None
         if dist.is_main:
+            self.start_digest = self._start_digest(resumed=latest is not None)
             self._cut_log(self.trainer.state.step)
             from llds_trainer.tracking import make_writers
 
@@ -327,9 +329,27 @@ class TrainerService:
                 self._tidy_stream()
         self.state = "done" if self.done else "stopped"
 
+    def _start_digest(self, resumed: bool) -> str | None:
+        """The tensors digest of the policy this run started from (``llds_proto.digest``, short form),
+        taken once when the run starts from ``model`` and kept in ``run_dir/start.json`` for resumes:
+        every step record carries it, so a study can tell which start each run had from its log."""
+        path = self.run_dir / "start.json"
+        if path.is_file():
+            return str(json.loads(path.read_text()).get("digest") or "") or None
+        if resumed or not self.cfg.model or not Path(self.cfg.model).is_dir():
+            return None  # a run from before start digests, or a hub name: nothing local to hash
+        from llds_proto.digest import short, tensors_digest
+
+        t = time.perf_counter()
+        digest = short(tensors_digest(Path(self.cfg.model)))
+        path.write_text(json.dumps({"model": self.cfg.model, "digest": digest}) + "\n")
+        log.info("start policy %s: tensors digest %s (%.1f s)", self.cfg.model, digest, time.perf_counter() - t)
+        return digest
+
     def _log_step(self, step: int, rec: dict[str, Any], entry_ids: list[str]) -> None:
         """Rank 0: the step's record to the log and trackers; its entries await the next checkpoint."""
         rec[K.PERF_LOAD1] = os.getloadavg()[0] if hasattr(os, "getloadavg") else None
+        rec[K.RUN_START_DIGEST] = self.start_digest
         with open(self.run_dir / TRAIN_LOG, "a") as f:
             f.write(json.dumps(rec) + "\n")
         for w in self.writers:

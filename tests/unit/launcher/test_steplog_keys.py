@@ -33,5 +33,6 @@ def test_experiment_log_keys_keep_their_strings() -> None:
     assert experiment.LOG_KEYS == [
         "step", "reward/mean", "reward/exact_match", "lld/correct_logp_token", "lld/fell_fraction_responses",
         "actor/entropy", "actor/grad_norm", "loss/llds", "lld/alarm", "lld/action", "llds/lambda",
-        "rollout/valid_searches_mean", "data/uniform_skipped", "perf/step_s", "time/unix",
+        "rollout/valid_searches_mean", "data/uniform_skipped", "loss/kl", "actor/updates", "actor/skipped_updates",
+        "perf/step_s", "perf/load1", "run/start_digest", "time/unix",
     ]  # fmt: skip

@@ -99,3 +99,24 @@ def test_the_section_regenerates_identically_from_the_files(tmp_path: Path) -> N
     png = figs[0].read_bytes()
     again, _ = study.section(tmp_path, ["grpo", "grpo_llds"])
     assert again == lines and figs[0].read_bytes() == png
+
+
+def test_an_exported_study_rebuilds_its_report_from_the_exported_files_alone(tmp_path: Path) -> None:
+    """--export copies what --report-only reads; the report rebuilt from the copy is the original's."""
+    from llds import experiment
+
+    out = tmp_path / "out"
+    _write(out, study.START, _ems(8))
+    _write(out, "grpo-s0-step10.jsonl", _ems(11))
+    (out / "logs").mkdir()
+    (out / "logs" / "grpo-s0.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.25}) + "\n")
+    (out / "study.json").write_text(json.dumps({"preset": "cpu-study", "steps": 10, "eval_limit": 20, "eval_steps": [10],
+                                                "seeds": "0", "arms": "grpo", "planned": [["grpo", 0]],
+                                                "stop_dead": 0, "start_digest": "abc", "trainer_set": []}))  # fmt: skip
+    result = experiment.summarize("grpo", 0, [{"step": 1, "reward/mean": 0.25}]) | {"start_digest": "abc"}
+    (out / "results.json").write_text(json.dumps([result]))
+    assert experiment.main(["--report-only", "--out", str(out), "--export", str(tmp_path / "copy")]) == 0
+    assert experiment.main(["--report-only", "--out", str(tmp_path / "copy")]) == 0
+    a, b = (out / "EXPERIMENTS.md").read_text(), (tmp_path / "copy" / "EXPERIMENTS.md").read_text()
+    assert a == b and "| grpo-s0 | 0.550 | yes | no | yes |" in a
+    assert (tmp_path / "copy" / "study_em.png").read_bytes() == (out / "study_em.png").read_bytes()
