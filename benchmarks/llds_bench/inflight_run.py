@@ -31,8 +31,7 @@ KEYS = [
 
 
 def compact(train_log: Path) -> list[dict[str, Any]]:
-    rows = [json.loads(line) for line in train_log.read_text().splitlines() if line.strip()]
-    return [{k: r[k] for k in KEYS if k in r} for r in rows]
+    return [{k: r[k] for k in KEYS if k in r} for r in K.read_records(train_log)]
 
 
 def _finite(rows: list[dict[str, Any]], key: str) -> list[float]:

@@ -130,10 +130,7 @@ def run_variant(
     (folder / "steal.json").write_text(
         json.dumps({"steal_frac": (steal1 - steal0) / max(total1 - total0, 1)})
     )
-    log_path = run / "trainer" / "train_log.jsonl"
-    recs = (
-        [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()] if log_path.is_file() else []
-    )
+    recs = K.read_records(run / "trainer" / "train_log.jsonl")
     if res.returncode != 0 or len(recs) < steps:
         raise BenchError(
             f"{name}: llds up exited {res.returncode} after {len(recs)} steps; see {folder / 'up.log'}"

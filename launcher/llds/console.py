@@ -11,7 +11,6 @@ rollout's Prometheus counters (weight-swap time, stale groups dropped), read whe
 
 from __future__ import annotations
 
-import json
 import re
 import sys
 from dataclasses import dataclass, field
@@ -123,29 +122,22 @@ class StepReporter:
     total_steps: int
     rollout_url: str | None = None
     out: TextIO = field(default_factory=lambda: sys.stdout)
-    _offset: int = 0
     _last: RolloutCounters = field(default_factory=RolloutCounters)
     _client: httpx.Client = field(default_factory=lambda: httpx.Client(timeout=2.0))
     lines: int = 0
+    _tail: K.StepLogTail = field(init=False)
+
+    def __post_init__(self) -> None:
+        # A restarted trainer cuts the log back to its checkpoint: the steps kept were printed already.
+        self._tail = K.StepLogTail(self.train_log, after_cut="skip")
 
     def skip_existing(self) -> None:
         """Start after what the log already holds (a resumed run prints only its new steps)."""
-        if self.train_log.exists():
-            self._offset = self.train_log.stat().st_size
-
-    def _new_records(self) -> list[dict[str, Any]]:
-        if not self.train_log.exists():
-            return []
-        with self.train_log.open("rb") as f:
-            f.seek(self._offset)
-            data = f.read()
-        end = data.rfind(b"\n") + 1  # a record still being written waits for its newline
-        self._offset += end
-        return [json.loads(x) for x in data[:end].splitlines() if x.strip()]
+        self._tail.skip_existing()
 
     def poll(self) -> int:
         """Print the lines of the steps logged since the last call; returns how many."""
-        recs = self._new_records()
+        recs = self._tail.read()
         if not recs:
             return 0
         now = scrape_rollout(self.rollout_url, self._client) if self.rollout_url else None

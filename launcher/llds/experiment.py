@@ -55,8 +55,17 @@ ARMS: dict[str, dict[str, Any]] = {
 }
 """Trainer-config overrides of each arm (merged by :func:`merged`); everything else comes from the preset
 (or --trainer-config)."""
-STUDY_KEYS = ("preset", "steps", "eval_limit", "eval_steps", "trainer_set", "seeds", "arms", "stop_dead",
-              "start_digest")
+STUDY_KEYS = (
+    "preset",
+    "steps",
+    "eval_limit",
+    "eval_steps",
+    "trainer_set",
+    "seeds",
+    "arms",
+    "stop_dead",
+    "start_digest",
+)
 """What OUT/study.json records of the command, so --report-only can state it."""
 
 SIGNALS = [
@@ -101,10 +110,8 @@ SEARCH_DIR = ROOT / "docs" / "collapse-search"
 
 
 def _read_log(run_dir: Path) -> list[dict[str, object]]:
-    path = run_dir / "trainer" / "train_log.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """A run's step log as written so far (a half-written last line left out)."""
+    return K.read_records(run_dir / "trainer" / "train_log.jsonl")
 
 
 def _series(log: list[dict[str, Any]], key: str) -> list[float | None]:
@@ -230,7 +237,13 @@ def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: 
         if step not in kept:
             continue
         if not (ev / "eval.json").is_file():
-            evaluate(kept[step], folder / "rollout_variant.toml", args.eval_limit, ev, f"{run_name(arm, seed)} step {step}")
+            evaluate(
+                kept[step],
+                folder / "rollout_variant.toml",
+                args.eval_limit,
+                ev,
+                f"{run_name(arm, seed)} step {step}",
+            )
         report = json.loads((ev / "eval.json").read_text())
         examples = [e for rows in report["examples"].values() for e in rows]
         write_questions(out, examples)
@@ -420,7 +433,9 @@ def run_one(
     cfgs = {"trainer": folder / "trainer_variant.toml", "rollout": folder / "rollout_variant.toml"}
     if not resume:
         given = args.trainer_config and tomllib.loads(Path(args.trainer_config).read_text())
-        base = merged(given or preset_config(args.preset, "trainer"), trainer_sets(getattr(args, "trainer_set", None)))
+        base = merged(
+            given or preset_config(args.preset, "trainer"), trainer_sets(getattr(args, "trainer_set", None))
+        )
         cfgs["trainer"].write_text(tomli_w.dumps(merged(base, trainer | {"seed": seed})))
         seeded = merged(preset_config(args.preset, "rollout"), rollout or {})
         seeded = merged(seeded, {"seed": seed, "engine": {"seed": seed}})
@@ -528,7 +543,9 @@ def baseline(args: argparse.Namespace) -> dict[str, Any] | None:
     result = {"model": str(model), "digest": policy_digest(model)}
     shipped = _shipped_heldout(args, cfg)
     if shipped is not None:
-        print(f"== baseline: the shipped start's held-out results (same bytes, same shape): {model}", flush=True)
+        print(
+            f"== baseline: the shipped start's held-out results (same bytes, same shape): {model}", flush=True
+        )
         result |= shipped
     else:
         print(f"== baseline: evaluating the starting policy {model}", flush=True)
@@ -641,9 +658,7 @@ def load_logs(out: Path, results: list[dict[str, Any]]) -> dict[str, list[dict[s
     for r in results:
         name = run_name(r["arm"], r["seed"])
         path = out / "logs" / f"{name}.jsonl"
-        logs[name] = (
-            [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
-        )
+        logs[name] = K.read_records(path)
     return logs
 
 
@@ -771,7 +786,7 @@ def report(
     if getattr(args, "eval_steps", None) and (args.out / QUESTIONS / "start-step0.jsonl").is_file():
         from llds import study
 
-        more, figs = study.section(args.out, list(ARMS))
+        more, _figs = study.section(args.out, list(ARMS))
         lines += ["", "## Held-out evaluation at checkpoints (per question, paired)", "",
                   "Definitions, arms and statistics as declared in docs/study/DESIGN.md.", "", *more]  # fmt: skip
     lines += ["", *[f"![{p.stem}]({plot_prefix}{p.name})" for p in plots], ""]

@@ -11,7 +11,6 @@ where ``llds up`` puts it; a path to the JSONL file itself also works) and write
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import sys
 from dataclasses import dataclass
@@ -82,27 +81,18 @@ def find_log(path: Path) -> Path:
 def read_log(path: Path) -> list[dict[str, Any]]:
     """Step records in file order. A truncated last line (a run killed mid-write) is dropped;
     a bad line anywhere else is an error."""
-    lines = path.read_text().splitlines()
-    records: list[dict[str, Any]] = []
-    for i, line in enumerate(lines, start=1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            if i == len(lines):
-                print(
-                    f"warning: {path}:{i} is incomplete (run still writing or killed); ignored",
-                    file=sys.stderr,
-                )
-                break
-            raise ReportError(f"{path}:{i} is not JSON: {e}") from e
-        if not isinstance(rec, dict):
-            raise ReportError(f"{path}:{i} is not a JSON object")
-        records.append(rec)
-    if not records:
+    try:
+        logged = K.read_step_log(path)
+    except K.StepLogError as e:
+        raise ReportError(str(e)) from e
+    if logged.torn_line is not None:
+        print(
+            f"warning: {path}:{logged.torn_line} is incomplete (run still writing or killed); ignored",
+            file=sys.stderr,
+        )
+    if not logged.records:
         raise ReportError(f"{path} holds no step records")
-    return records
+    return logged.records
 
 
 def _num(v: Any) -> float | None:

@@ -479,7 +479,7 @@ def _from_samples(
     command = f"llds bench soak --from-samples {path}"
     if train_log is not None:
         lines = drops.read_text().splitlines() if drops is not None else []
-        figures = run_figures(samples, _jsonl(train_log), lines)
+        figures = run_figures(samples, K.read_records(train_log), lines)
         command += f" --train-log {train_log}" + (f" --drops {drops}" if drops is not None else "")
         print("\n".join(figures_table(figures)))
     text = report(trends, command, steps, wall, warmup, figures)
@@ -577,7 +577,7 @@ def main(argv: list[str] | None = None) -> int:
     drops = drop_lines(up.run_dir)
     (up.run_dir / "soak_drops.log").write_text("".join(x + "\n" for x in drops))
     train_log = up.run_dir / "trainer" / "train_log.jsonl"
-    figures = run_figures(sampler.samples, _jsonl(train_log) if train_log.is_file() else [], drops)
+    figures = run_figures(sampler.samples, K.read_records(train_log), drops)
     (up.run_dir / "soak_figures.json").write_text(json.dumps(figures, indent=1) + "\n")
     text = report(trends, command, up.logged_step(), wall_s, args.warmup, figures)
     (up.run_dir / "soak_report.md").write_text(text)

@@ -24,6 +24,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from llds_proto.steplog import read_records
+
 LEARN_DELTA = 0.10
 COLLAPSE_FRACTION = 0.5
 BOOTSTRAP_DRAWS = 2000
@@ -203,7 +205,8 @@ def section(folder: Path, arms_order: list[str], baseline_arm: str = "grpo") -> 
         f"(every run's recorded start: {', '.join(f'`{d}`' for d in digests) or 'none yet'}); greedy held-out EM "
         f"{start_em:.3f} on {len(ids)} questions, {mean_of(start_rows, 'searches'):.2f} searches a question. "
         f"Preset `{study.get('preset')}`, {study.get('steps')} steps"
-        + (f", trainer overrides `{' '.join(study['trainer_set'])}`" if study.get("trainer_set") else "") + ".",
+        + (f", trainer overrides `{' '.join(study['trainer_set'])}`" if study.get("trainer_set") else "")
+        + ".",
         "",
         "### Held-out EM by checkpoint (mean over seeds, 95% t interval; a dead checkpoint counts 0)",
         "",
@@ -222,7 +225,7 @@ def section(folder: Path, arms_order: list[str], baseline_arm: str = "grpo") -> 
             cells.append(f"{m:.3f} [{lo:.3f}, {hi:.3f}] (n={len(xs)})")
         lines.append(f"| {arm} | {len(mine)} | " + " | ".join(cells) + " |")
     lines += ["", "### Runs", "",
-              "| run | " + " | ".join(f"EM@{s}" for s in steps) + " | learned | collapsed | held | reward 10-step mean (best / last) |",  # noqa: E501
+              "| run | " + " | ".join(f"EM@{s}" for s in steps) + " | learned | collapsed | held | reward 10-step mean (best / last) |",
               "|---|" + "---|" * (len(steps) + 4)]  # fmt: skip
     logs = folder / "logs"
     for r in runs:
@@ -230,9 +233,13 @@ def section(folder: Path, arms_order: list[str], baseline_arm: str = "grpo") -> 
         cells = []
         for s in steps:
             c = cps.get(s)
-            cells.append("-" if c is None else ("dead" if c.em is None else f"{c.em:.3f}") + (" (c)" if c and c.collapsed else ""))  # noqa: E501
+            cells.append(
+                "-"
+                if c is None
+                else ("dead" if c.em is None else f"{c.em:.3f}") + (" (c)" if c and c.collapsed else "")
+            )
         path = logs / f"{r.arm}-s{r.seed}.jsonl"
-        log = [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.is_file() else []
+        log = read_records(path)
         best, last = reward_window(log)
         held = r.held(start_em)
         lines.append(f"| {r.arm}-s{r.seed} | " + " | ".join(cells)
@@ -249,7 +256,7 @@ def section(folder: Path, arms_order: list[str], baseline_arm: str = "grpo") -> 
         lines.append(f"| {arm} | {len(mine)} | {sum(r.learned(start_em) for r in mine)} | {k} [{lo:.2f}, {hi:.2f}] | "
                      f"{sum(bool(r.held(start_em)) for r in mine)} |")  # fmt: skip
     lines += ["", f"### Paired per question against `{baseline_arm}` (pairs: same seed, same question)", "",
-              "| arm | step | EM difference [95% bootstrap] | only this arm right | only baseline right | exact McNemar p | seeds |",  # noqa: E501
+              "| arm | step | EM difference [95% bootstrap] | only this arm right | only baseline right | exact McNemar p | seeds |",
               "|---|---|---|---|---|---|---|"]  # fmt: skip
     base_runs = {r.seed: r for r in runs if r.arm == baseline_arm}
     for arm in arms:

@@ -44,7 +44,7 @@ from llds_proto import steplog as K
 from llds_proto.exits import EXIT_NO_SIGNAL
 from llds_proto.streams import check_run_id
 from llds_server.cli import add_settings_flags, settings_overrides
-from llds_server.settings import ConfigError, ServiceSettings
+from llds_server.settings import ConfigError, ServiceSettings, check_not_placeholder, redact_url
 
 if TYPE_CHECKING:
     from llds.redis_server import RedisServer
@@ -161,17 +161,25 @@ def read_run_id(run_dir: Path) -> str:
 
 
 def logged_step(train_log: Path) -> int:
-    """The last step in the trainer's ``train_log.jsonl`` (0 if none)."""
+    """The last step in the trainer's ``train_log.jsonl`` (0 if none; a line cut by a crash is no step)."""
+    records = K.read_records(train_log)
+    return int(records[-1][K.STEP]) if records else 0
+
+
+def write_private(path: Path, text: str) -> None:
+    """Write ``text`` to ``path``, readable by its owner only from the moment it exists: a fresh file
+    is created with mode 0600 and renamed over ``path`` (a chmod after writing leaves a moment in
+    which anyone may read it, and a file written before keeps its mode)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     try:
-        lines = [x for x in train_log.read_text().splitlines() if x.strip()]
-    except FileNotFoundError:
-        return 0
-    for line in reversed(lines):
-        try:
-            return int(json.loads(line)["step"])
-        except (ValueError, KeyError, TypeError):
-            continue  # a line cut by a crash
-    return 0
+        with os.fdopen(fd, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 def run_tool(args: list[str]) -> None:
@@ -242,6 +250,7 @@ class Up:
         self.redis_restarts = 0
         self.paths: dict[str, Path] = {}
         self.token = os.environ.get("LLDS_ADMIN_TOKEN") or secrets.token_urlsafe(24)
+        check_not_placeholder("LLDS_ADMIN_TOKEN", self.token)
         self.ports = {
             "retriever": _port(cfg.retriever_port),
             "rollout": _port(cfg.rollout_port),
@@ -398,7 +407,7 @@ class Up:
             redis = RedisServer(data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host)
             self.redis = redis.start()
             self.redis_url = redis.url
-            print(f"redis     {self.redis_url} (append-only file in {self.run_dir / 'redis'})")
+            print(f"redis     {redact_url(self.redis_url)} (append-only file in {self.run_dir / 'redis'})")
         self.weights_root.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
         names = ["retriever", "rollout", "trainer"] + (["dashboard"] if cfg.dashboard else [])
@@ -431,8 +440,7 @@ class Up:
         print(f"admin token in {self.run_dir / 'admin_token'} (for /admin routes)")
         print(f'try:  llds answer --rollout-url {self.url("rollout")} "Who founded the ...?"')
         print("=" * 72 + "\n")
-        (self.run_dir / "admin_token").write_text(self.token + "\n")
-        (self.run_dir / "admin_token").chmod(0o600)
+        write_private(self.run_dir / "admin_token", self.token + "\n")
 
     # ------------------------------------------------------------------ supervision
     def logged_step(self) -> int:
@@ -561,12 +569,7 @@ class Up:
             health = client.get(f"{self.url('rollout')}/health").json()
             ans = client.post(f"{self.url('rollout')}/answer", json={"question": row["question"]})
         # The trainer may already have exited after its last step: read its log, not its HTTP API.
-        log_path = self.run_dir / "trainer" / "train_log.jsonl"
-        history = (
-            [json.loads(x) for x in log_path.read_text().splitlines() if x.strip()]
-            if log_path.exists()
-            else []
-        )
+        history = K.read_records(self.run_dir / "trainer" / "train_log.jsonl")
         answer: dict[str, Any] = ans.json() if ans.status_code == 200 else {"error": ans.text}
         out = {
             "run_id": self.run_id,

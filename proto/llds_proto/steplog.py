@@ -5,9 +5,18 @@ hands it to its trackers and its Prometheus gauges; the launcher's dashboard, ``
 ``llds experiment`` (consumers) read it. Both sides name the keys through these constants, so a
 renamed key is renamed everywhere (or fails a test). Values are numbers, or null where the step had
 nothing to measure (no correct response, no KL term, ...). docs/observability.md lists the keys.
+
+Every reader of the log goes through :func:`read_step_log` / :func:`read_records` (whole files) or
+:class:`StepLogTail` (a live log), so a record torn by a kill is handled the same way everywhere.
 """
 
 from __future__ import annotations
+
+import json
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
 
 # ------------------------------------------------------------------ bookkeeping
 STEP = "step"
@@ -124,8 +133,7 @@ ROLLOUT_RESPONSE_LEN_MEAN = "rollout/response_len_mean"
 """Mean response length (tokens)."""
 
 RUN_START_DIGEST = "run/start_digest"
-"""Short tensors digest (``llds_proto.digest``) of the policy the run started from (a string; null for a
-hub name or a run from before digests): which start a run had, read from its own log."""
+"""Short tensors digest of the policy the run started from (a string; null: hub name or older run)."""
 
 # ------------------------------------------------------------------ timing
 PERF_STEP_S = "perf/step_s"
@@ -151,8 +159,7 @@ PERF_UPDATE_S = "perf/update_s"
 PERF_TRAIN_TOKENS_PER_S = "perf/train_tokens_per_s"
 """Tokens per second in the update passes."""
 PERF_LOAD1 = "perf/load1"
-"""The host's 1-minute load average when the step's record was written (other work on the machine
-changes timing and so which groups are stale: studies record it)."""
+"""The host's 1-minute load average when the step's record was written (load changes staleness)."""
 
 # ------------------------------------------------------------------ LLD signals (correct responses, pi_old)
 LLD_N_CORRECT = "lld/n_correct"
@@ -192,3 +199,118 @@ LLD_ACTION = "lld/action"
 
 KEYS: frozenset[str] = frozenset(v for k, v in dict(globals()).items() if k.isupper() and isinstance(v, str))
 """Every key a step record may carry."""
+
+
+# ------------------------------------------------------------------ reading the log
+log = logging.getLogger("llds.steplog")
+
+
+class StepLogError(ValueError):
+    """A line of a step log that is not a JSON object; the message names the file and the line."""
+
+
+def _record(line: bytes, path: Path, lineno: int) -> dict[str, Any]:
+    try:
+        rec = json.loads(line)
+    except ValueError as e:  # JSONDecodeError, or bytes that are not UTF-8
+        raise StepLogError(f"{path}:{lineno} is not JSON: {e}") from e
+    if not isinstance(rec, dict):
+        raise StepLogError(f"{path}:{lineno} is not a JSON object")
+    return rec
+
+
+@dataclass(frozen=True)
+class StepLog:
+    """A step log as read: its records in file order and the torn last line left out, if any."""
+
+    records: list[dict[str, Any]]
+    torn_line: int | None = None
+    """Number (1-based) of the last line, left out because it is not JSON: the writer was killed mid-record."""
+
+
+def read_step_log(path: Path | str) -> StepLog:
+    """Read a JSONL step log (``train_log.jsonl`` or a compact copy of one).
+
+    A missing file holds no records. The last line may be torn (a writer killed mid-record leaves a
+    line without its end, which is not JSON): it is left out. Any other line that is not a JSON
+    object raises :class:`StepLogError` naming the file and the line: the log is damaged where no
+    kill can damage it, and reading on would misreport the run.
+    """
+    path = Path(path)
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return StepLog([])
+    lines = [(i, line) for i, line in enumerate(data.split(b"\n"), start=1) if line.strip()]
+    records: list[dict[str, Any]] = []
+    for i, line in lines:
+        try:
+            records.append(_record(line, path, i))
+        except StepLogError as e:
+            if i == lines[-1][0] and isinstance(e.__cause__, ValueError):
+                return StepLog(records, torn_line=i)
+            raise
+    return StepLog(records)
+
+
+def read_records(path: Path | str) -> list[dict[str, Any]]:
+    """The records of a step log, a torn last line left out (see :func:`read_step_log`)."""
+    return read_step_log(path).records
+
+
+class StepLogTail:
+    """The records appended to a live step log since the previous :meth:`read` (the console, the dashboard).
+
+    Only whole lines are read: a record still being written waits for its newline. A file that
+    shrank was cut by a restarted trainer (:func:`read_step_log` semantics, records of lost steps
+    removed): ``after_cut = "reread"`` reads it again from its start, ``"skip"`` goes on after what it
+    holds then. A whole line that is not a JSON object is logged and counted in ``bad_lines``, not
+    raised: a viewer of a live run reports damage, it does not stop the run.
+    """
+
+    def __init__(self, path: Path | str, after_cut: Literal["reread", "skip"] = "reread"):
+        self.path = Path(path)
+        self.after_cut = after_cut
+        self.offset = 0
+        """Bytes of whole lines read so far."""
+        self.lines = 0
+        """Lines read so far (the number of the next line is ``lines + 1``)."""
+        self.bad_lines = 0
+        """Whole lines skipped because they are not JSON objects."""
+
+    def skip_existing(self) -> None:
+        """Go on after the whole lines the log holds now (a resumed run's viewer shows new steps only)."""
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        self.offset = data.rfind(b"\n") + 1
+        self.lines = data[: self.offset].count(b"\n")
+
+    def read(self) -> list[dict[str, Any]]:
+        """New records; a missing file is no records yet."""
+        try:
+            size = self.path.stat().st_size
+        except FileNotFoundError:
+            return []
+        if size < self.offset:
+            self.offset = self.lines = 0
+            if self.after_cut == "skip":
+                self.skip_existing()
+                return []
+        with self.path.open("rb") as f:
+            f.seek(self.offset)
+            data = f.read(size - self.offset)
+        end = data.rfind(b"\n") + 1
+        self.offset += end
+        records: list[dict[str, Any]] = []
+        for line in data[:end].split(b"\n")[:-1]:
+            self.lines += 1
+            if not line.strip():
+                continue
+            try:
+                records.append(_record(line, self.path, self.lines))
+            except StepLogError as e:
+                self.bad_lines += 1
+                log.warning("%s; skipped (%d such lines so far)", e, self.bad_lines)
+        return records

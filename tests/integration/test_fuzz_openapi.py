@@ -108,6 +108,30 @@ def test_fuzz_retriever(retriever_url: str) -> None:
     assert sent["POST /retrieve"] >= 30
 
 
+NOT_UNICODE = [b'"\\ud800"', b'"a\\udfffb"', b'"\xff\xfe"', b'"caf\xe9"']
+"""JSON strings that are not Unicode, which the generated cases never hold: lone surrogates (as JSON
+escapes them) and bytes that are not UTF-8."""
+
+
+@pytest.mark.parametrize("raw", NOT_UNICODE)
+@pytest.mark.parametrize(
+    ("service", "route", "template"),
+    [
+        ("retriever", "/retrieve", b'{"queries": [%s]}'),
+        ("retriever", "/retrieve", b'{"queries": ["q"], "request_id": %s}'),
+        ("rollout", "/answer", b'{"question": %s}'),
+        ("rollout", "/answer/stream", b'{"question": %s}'),
+    ],
+)
+def test_strings_that_are_not_unicode_get_a_4xx_with_a_message(
+    request: pytest.FixtureRequest, service: str, route: str, template: bytes, raw: bytes
+) -> None:
+    url = request.getfixturevalue(f"{service}_url")
+    r = httpx.post(f"{url}{route}", content=template % raw, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json().get("message") or r.json()["detail"]
+
+
 @pytest.mark.slow
 def test_fuzz_rollout_with_admin_token(rollout_url: str) -> None:
     sent = fuzz_service(

@@ -258,7 +258,9 @@ def test_kill9_at_every_point_loses_nothing_and_trains_nothing_twice(
     assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records] == [1, 2, 3, 4]
-    assert len({x["run/start_digest"] for x in records}) == 1 and records[0]["run/start_digest"]  # across resumes
+    assert (
+        len({x["run/start_digest"] for x in records}) == 1 and records[0]["run/start_digest"]
+    )  # across resumes
     assert r.get(streams.DEFAULT_KEYS.trainer_version) == b"4"
     for v in (2, 3, 4):
         assert (tmp_path / "weights" / f"v{v:06d}" / MARKER).is_file()

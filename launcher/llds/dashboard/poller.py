@@ -4,56 +4,17 @@ the trainer's step log, feeding the store."""
 from __future__ import annotations
 
 import asyncio
-import json
 import logging
 import time
-from pathlib import Path
 from typing import Any
 
 from llds.dashboard.config import DashboardConfig
 from llds.dashboard.metrics import DashboardMetrics
 from llds.dashboard.scrape import MetricsParseError, parse_metrics
 from llds.dashboard.store import ServiceState, Store, now
+from llds_proto.steplog import StepLogTail
 
 log = logging.getLogger("llds.dashboard")
-
-
-class LogTail:
-    """The complete JSONL lines appended to a file since the previous read."""
-
-    def __init__(self, path: Path):
-        self.path = path
-        self.offset = 0
-        self.bad_lines = 0
-
-    def read(self) -> list[dict[str, Any]]:
-        """New records; a missing file is no records yet, a shrunk file is read again from the start."""
-        try:
-            size = self.path.stat().st_size
-        except FileNotFoundError:
-            return []
-        if size < self.offset:
-            self.offset = 0
-        with self.path.open("rb") as f:
-            f.seek(self.offset)
-            data = f.read(size - self.offset)
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        records: list[dict[str, Any]] = []
-        for line in data[: end + 1].splitlines():
-            if not line.strip():
-                continue
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:
-                self.bad_lines += 1
-                log.warning("%s: skipped a line that is not JSON (%d so far)", self.path, self.bad_lines)
-                continue
-            if isinstance(rec, dict):
-                records.append(rec)
-        return records
 
 
 class Poller:
@@ -67,7 +28,8 @@ class Poller:
         self.metrics = metrics
         self.client = httpx.AsyncClient(timeout=cfg.timeout_s, transport=transport)
         self.rounds = 0
-        self.log_tail = LogTail(cfg.train_log) if cfg.train_log else None
+        # A log cut by a restarted trainer is read again from its start (the store keeps new steps only).
+        self.log_tail = StepLogTail(cfg.train_log) if cfg.train_log else None
 
     async def poll_once(self) -> None:
         """One round: every service's health and metrics, the trainer's history; one sample."""

@@ -1,13 +1,16 @@
-"""HTTP plumbing shared by the services: a body-size limit, uvicorn on a background thread, free ports."""
+"""HTTP plumbing shared by the services: a body-size limit, 422s with a message, uvicorn on a background
+thread, free ports."""
 
 from __future__ import annotations
 
 import socket
 import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 import uvicorn
+from fastapi.encoders import jsonable_encoder
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -29,6 +32,34 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+def unicode_safe(value: Any) -> Any:
+    """``value`` with each string that has no UTF-8 form (a lone surrogate, which a JSON ``\\ud800``
+    escape carries into a parsed body) written with backslash escapes instead, at every nesting level."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "backslashreplace").decode("utf-8")
+    if isinstance(value, dict):
+        return {unicode_safe(k): unicode_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [unicode_safe(v) for v in value]
+    return value
+
+
+def _loc(loc: Sequence[Any]) -> str:
+    out = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
+    return out or "body"
+
+
+def invalid_request(errors: Sequence[Any]) -> JSONResponse:
+    """422 for a request that failed validation: FastAPI's ``detail`` list beside a ``message`` naming
+    each bad field. Echoed input that is not valid Unicode is escaped (:func:`unicode_safe`): encoding
+    it as it is fails, and the client would get a 500 for its own bad string."""
+    detail = unicode_safe(jsonable_encoder(list(errors)))
+    message = "invalid request: " + "; ".join(f"{_loc(e['loc'])}: {e['msg']}" for e in detail)
+    return JSONResponse({"detail": detail, "message": message}, status_code=422)
 
 
 class _BodyTooLarge(HTTPException):

@@ -13,13 +13,19 @@ import typing
 from contextvars import ContextVar
 from pathlib import Path
 from typing import Annotated, Any, Self, Union
+from urllib.parse import unquote_plus, urlsplit, urlunsplit
 
 import tomli_w
-from pydantic import BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag
+from pydantic import AliasChoices, BaseModel, BeforeValidator, ConfigDict, Discriminator, Tag, model_validator
 from pydantic_settings import BaseSettings, PydanticBaseSettingsSource, SettingsConfigDict
 
 _URL_PASSWORD = re.compile(r"(://[^/@:]*:)[^/@]*@")
 """The password part of ``scheme://user:password@host``."""
+_QUERY_PARAM = re.compile(r"((?:^|(?<=[&;]))([^=&;]+)=)[^&;]*")
+"""One ``name=value`` of a URL's query string (group 1: ``name=``, group 2: the name)."""
+
+PLACEHOLDER_SECRET = "change-me"
+"""How the example env files (deploy/env.example, deploy/k8s/base/secrets.env.example) begin each secret."""
 
 _TOML_DATA: ContextVar[dict[str, Any] | None] = ContextVar("_TOML_DATA", default=None)
 
@@ -173,6 +179,23 @@ class ServiceSettings(BaseSettings):
 
     model_config = SettingsConfigDict(extra="forbid", validate_default=True, use_attribute_docstrings=True)
 
+    @model_validator(mode="after")
+    def _no_placeholder_secrets(self) -> Self:
+        for name in type(self).model_fields:
+            value = getattr(self, name)
+            if isinstance(value, str) and (is_secret_key(name) or "://" in value):
+                check_not_placeholder(f"{name} (env {self._env_name(name)})", value)
+        return self
+
+    @classmethod
+    def _env_name(cls, name: str) -> str:
+        """The environment variable(s) that set field ``name``."""
+        alias = cls.model_fields[name].validation_alias
+        if isinstance(alias, AliasChoices):
+            if names := [a for a in alias.choices if isinstance(a, str) and a.isupper()]:
+                return " or ".join(names)
+        return (str(cls.model_config.get("env_prefix", "")) + name).upper()
+
     @classmethod
     def settings_customise_sources(
         cls,
@@ -234,26 +257,70 @@ class ServiceSettings(BaseSettings):
         """Write the resolved config (secrets excluded) as TOML; returns the path."""
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
-        data = _without_secrets(self.model_dump(mode="json", exclude_none=True))
+        data = without_secrets(self.model_dump(mode="json", exclude_none=True))
         path.write_text(tomli_w.dumps(data))
         return path
 
 
 def is_secret_key(name: str) -> bool:
-    """Fields holding credentials (``admin_token``, ``redis_password``), not ``max_tokens_per_turn``."""
-    return name == "token" or name.endswith("_token") or "password" in name
+    """Fields (and URL query parameters) holding credentials (``admin_token``, ``redis_password``,
+    ``api_key``), not ``max_tokens_per_turn``."""
+    name = name.lower().replace("-", "_")
+    return (
+        name in ("token", "key", "sig", "signature")
+        or name.endswith(("_token", "_key"))
+        or "password" in name
+        or "secret" in name
+    )
 
 
-def _without_secrets(data: dict[str, Any]) -> dict[str, Any]:
+def check_not_placeholder(name: str, value: str | None) -> None:
+    """Raise :class:`ConfigError` naming ``name`` when ``value``, a secret or a URL with a password, still
+    holds the example env file's placeholder (:data:`PLACEHOLDER_SECRET`): copied and never set, it is
+    a password anyone who read the repository knows."""
+    if not value:
+        return
+    secret = value
+    if "://" in value:
+        try:
+            secret = urlsplit(value).password or ""
+        except ValueError:  # not a URL after all: nothing in it is a password
+            secret = ""
+    if secret.startswith(PLACEHOLDER_SECRET):
+        what = f"the password in {name}" if secret != value else name
+        raise ConfigError(
+            f"{what} is the example env file's placeholder {secret!r}: set a real secret "
+            "(python3 -c 'import secrets; print(secrets.token_urlsafe(32))')"
+        )
+
+
+def redact_url(url: str) -> str:
+    """``url`` fit for a log or a tracker: its password and the values of secret query parameters
+    (``?token=``, ``?api_key=``, ...) replaced by ``***``."""
+    url = _URL_PASSWORD.sub(r"\1***@", url)
+    parts = urlsplit(url)
+    query = _QUERY_PARAM.sub(
+        lambda m: m[1] + "***" if is_secret_key(unquote_plus(m[2])) else m[0], parts.query
+    )
+    return urlunsplit(parts._replace(query=query)) if query != parts.query else url
+
+
+def without_secrets(data: dict[str, Any]) -> dict[str, Any]:
     """Secret fields left out (the written file loads back, the secret comes from the environment
-    again) and passwords inside URLs replaced by ``***``, at every nesting level."""
+    again) and URLs redacted (:func:`redact_url`), at every nesting level: what may leave the process
+    (a resolved config file, an experiment tracker's run config)."""
     out: dict[str, Any] = {}
     for k, v in data.items():
-        if is_secret_key(k):
-            continue
-        if isinstance(v, dict):
-            v = _without_secrets(v)
-        elif isinstance(v, str) and "://" in v:
-            v = _URL_PASSWORD.sub(r"\1***@", v)
-        out[k] = v
+        if not is_secret_key(k):
+            out[k] = _redacted(v)
     return out
+
+
+def _redacted(v: Any) -> Any:
+    if isinstance(v, dict):
+        return without_secrets(v)
+    if isinstance(v, list):
+        return [_redacted(x) for x in v]
+    if isinstance(v, str) and "://" in v:
+        return redact_url(v)
+    return v

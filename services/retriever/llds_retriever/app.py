@@ -17,7 +17,6 @@ from contextlib import asynccontextmanager
 from typing import Any, Literal
 
 from fastapi import FastAPI, Request
-from fastapi.encoders import jsonable_encoder
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -29,7 +28,7 @@ from llds_retriever.errors import RetrieverError, SaturatedError
 from llds_retriever.loader import Loaded, load
 from llds_retriever.metrics import RetrieverMetrics
 from llds_retriever.service import RetrieverService
-from llds_server.http import BodyLimitMiddleware
+from llds_server.http import BodyLimitMiddleware, invalid_request
 
 log = logging.getLogger("llds.retriever")
 
@@ -69,17 +68,6 @@ class AccountingMiddleware:
 
 
 _CAUSES = {413: "body_too_large", 422: "invalid_request", 503: "unavailable", 400: "bad_request"}
-
-
-def _loc(loc: tuple[Any, ...]) -> str:
-    out = ""
-    for part in loc[1:] if loc and loc[0] == "body" else loc:
-        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
-    return out or "body"
-
-
-def _validation_message(errors: list[dict[str, Any]]) -> str:
-    return "invalid request: " + "; ".join(f"{_loc(tuple(e['loc']))}: {e['msg']}" for e in errors)
 
 
 def _unavailable(message: str, retry_after_s: int) -> JSONResponse:
@@ -138,10 +126,7 @@ def create_app(
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        errors = list(exc.errors())
-        return JSONResponse(
-            {"detail": jsonable_encoder(errors), "message": _validation_message(errors)}, status_code=422
-        )
+        return invalid_request(exc.errors())
 
     @app.post(
         "/retrieve",

@@ -12,6 +12,7 @@ from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
@@ -33,7 +34,7 @@ from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStat
 from llds_rollout.retrieval import RetrieverError
 from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
 from llds_rollout.weights import WeightsError
-from llds_server.http import BodyLimitMiddleware
+from llds_server.http import BodyLimitMiddleware, invalid_request
 
 log = logging.getLogger("llds_rollout.app")
 # 503s are transient (loading, retriever or engine down): clients should come back, not give up.
@@ -97,6 +98,10 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, e: RequestValidationError) -> JSONResponse:
+        return invalid_request(e.errors())
 
     @app.exception_handler(NotReadyError)
     async def _not_ready(_: Request, e: NotReadyError) -> JSONResponse:

@@ -32,6 +32,7 @@ from llds_rollout.engine.transfer import CollectiveReceiver, WeightTransferError
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.retrieval import RetrieverClient, RetrieverError
 from llds_rollout.weights import WeightsError, load_tensors, published_dir_name, verify_published
+from llds_server.settings import redact_url
 
 log = logging.getLogger("llds_rollout.service")
 
@@ -196,7 +197,7 @@ class RolloutService:
         while True:
             try:
                 await self.redis.hset(self.keys.registry, self.name, self.url)
-                log.info("registered replica name=%s url=%s", self.name, self.url)
+                log.info("registered replica name=%s url=%s", self.name, redact_url(self.url))
                 return
             except RedisError as e:
                 self.metrics.redis_errors.inc()

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 
 from llds_proto.exits import EXIT_BAD_CONFIG, EXIT_FAILED, EXIT_NO_SIGNAL
 from llds_server.cli import add_settings_flags, settings_overrides
-from llds_server.settings import ConfigError
+from llds_server.settings import ConfigError, check_not_placeholder
 from llds_trainer.config import ADMIN_TOKEN_ENV, TrainerConfig
 
 log = logging.getLogger("llds.trainer")
@@ -46,8 +46,10 @@ def load_config(argv: list[str]) -> TrainerConfig:
 
 def run_main(argv: list[str]) -> int:
     """Parse and validate the config, then (importing torch only now) train and serve."""
+    token = os.environ.get(ADMIN_TOKEN_ENV) or None
     try:
         cfg = load_config(argv)
+        check_not_placeholder(ADMIN_TOKEN_ENV, token)
     except (ConfigError, ValidationError) as e:
         print(f"llds trainer: bad config: {e}", file=sys.stderr)
         return EXIT_BAD_CONFIG
@@ -63,7 +65,6 @@ def run_main(argv: list[str]) -> int:
     if rank == 0:
         path = cfg.write_toml(os.path.join(cfg.run_dir, "trainer_config.toml"))
         log.info("resolved config written to %s", path)
-    token = os.environ.get(ADMIN_TOKEN_ENV) or None
     if token is None:
         log.warning("%s is not set: weight-update notices will be rejected by the rollout", ADMIN_TOKEN_ENV)
 

@@ -32,7 +32,9 @@ def score(model_dir: Path, samples: list[Any], micro: int = 2) -> list[tuple[flo
     model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
     model.eval()
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
-    order = sorted(range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids))
+    order = sorted(
+        range(len(samples)), key=lambda i: len(samples[i].prompt_ids) + len(samples[i].response_ids)
+    )
     out: list[tuple[float, int]] = [(0.0, 0)] * len(samples)
     with torch.no_grad():
         for k in range(0, len(order), micro):
@@ -51,7 +53,9 @@ def probe_samples(tokenizer: Any, world: Path, first: int = FIRST, count: int = 
 
     demos = build_demonstrations(tokenizer, world, count, seed=0, first=first)
     if len(demos) < count:
-        raise ValueError(f"{world}/train.jsonl has {first + len(demos)} rows: no {count} demonstrations from row {first}")
+        raise ValueError(
+            f"{world}/train.jsonl has {first + len(demos)} rows: no {count} demonstrations from row {first}"
+        )
     return [
         Sample(d.row_id, d.row_id, tuple(d.prompt_ids), tuple(d.response_ids), tuple(d.loss_mask),
                tuple([0.0] * len(d.response_ids)), tuple([0] * len(d.response_ids)), None, 1.0, 1.0, 0, 0, 0.0)
@@ -61,7 +65,9 @@ def probe_samples(tokenizer: Any, world: Path, first: int = FIRST, count: int = 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="llds trainer probe-lld", description=__doc__.split("\n\n")[0])
-    p.add_argument("--world", type=Path, required=True, help="synthetic world folder (train.jsonl, corpus.jsonl)")
+    p.add_argument(
+        "--world", type=Path, required=True, help="synthetic world folder (train.jsonl, corpus.jsonl)"
+    )
     p.add_argument("--model", type=Path, action="append", required=True, help="policy folder (repeatable)")
     p.add_argument("--first", type=int, default=FIRST, help="first train-split row of the probe set")
     p.add_argument("--count", type=int, default=COUNT, help="demonstrations in the probe set")
@@ -72,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         p.error(f"--first must be >= 0 and --count >= 1, got {args.first} and {args.count}")
     missing = [str(m) for m in args.model if not (m / "config.json").is_file()]
     if missing or not (args.world / "train.jsonl").is_file():
-        p.error(f"not a policy folder: {', '.join(missing)}" if missing else f"no train.jsonl in {args.world}")
+        p.error(
+            f"not a policy folder: {', '.join(missing)}" if missing else f"no train.jsonl in {args.world}"
+        )
     import torch
     from transformers import AutoTokenizer
 

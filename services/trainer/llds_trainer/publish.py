@@ -23,6 +23,7 @@ from typing import Any
 import httpx
 
 from llds_proto.messages import WeightUpdateNotice
+from llds_server.settings import redact_url
 
 log = logging.getLogger("llds.trainer.publish")
 
@@ -190,7 +191,7 @@ def notify_replicas(
                 out.append(NotifyResult(url, False, f"{type(e).__name__}: {e}"))
     for res in out:
         if res.ok:
-            log.info("notified %s of version %d", res.url, notice.version)
+            log.info("notified %s of version %d", redact_url(res.url), notice.version)
         else:
-            log.warning("notify %s of version %d failed: %s", res.url, notice.version, res.detail)
+            log.warning("notify %s of version %d failed: %s", redact_url(res.url), notice.version, res.detail)
     return out

@@ -16,7 +16,6 @@ signals are those of another objective.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -57,7 +56,7 @@ def _first(steps: list[int], values: list[float | None], at_least: float) -> int
 
 
 def replay_log(path: Path, section: Any) -> Replay:
-    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = K.read_records(path)
     steps = [int(r[K.STEP]) for r in rows]
     levels = replay(rows, LLDMonitor.from_config(section))
     dead_from = None

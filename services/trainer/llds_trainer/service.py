@@ -257,18 +257,16 @@ class TrainerService:
         return version, st.lineage.state_dict()
 
     def _cut_log(self, step: int) -> None:
-        """Keep the records of checkpointed steps only (a crash may have logged a lost step)."""
+        """Keep the records of checkpointed steps only (a crash may have logged a lost step, or left a
+        torn last line that the next record would be appended to)."""
         path = self.run_dir / TRAIN_LOG
-        kept: list[str] = []
-        if path.is_file():
-            for line in path.read_text().splitlines():
-                if line.strip():
-                    rec = json.loads(line)
-                    if rec[K.STEP] <= step:
-                        kept.append(line)
-                        self.history.append(rec)
+        logged = K.read_step_log(path)
+        if logged.torn_line is not None:
+            log.warning("%s:%d was cut short by a crash: removed", path, logged.torn_line)
+        kept = [rec for rec in logged.records if rec[K.STEP] <= step]
+        self.history.extend(kept)
         tmp = path.with_suffix(".tmp")
-        tmp.write_text("".join(k + "\n" for k in kept))
+        tmp.write_text("".join(json.dumps(rec) + "\n" for rec in kept))
         os.replace(tmp, path)
 
     # ------------------------------------------------------------------ the loop
@@ -343,7 +341,9 @@ class TrainerService:
         t = time.perf_counter()
         digest = short(tensors_digest(Path(self.cfg.model)))
         path.write_text(json.dumps({"model": self.cfg.model, "digest": digest}) + "\n")
-        log.info("start policy %s: tensors digest %s (%.1f s)", self.cfg.model, digest, time.perf_counter() - t)
+        log.info(
+            "start policy %s: tensors digest %s (%.1f s)", self.cfg.model, digest, time.perf_counter() - t
+        )
         return digest
 
     def _log_step(self, step: int, rec: dict[str, Any], entry_ids: list[str]) -> None:

@@ -2,7 +2,9 @@
 
 Each is a small writer behind one interface, chosen by ``TrainerConfig.trackers``; they receive the
 same per-step record the JSONL log gets (numeric values only, slash-namespaced keys as tags).
-W&B runs in offline mode by default (``wandb sync`` uploads later), so nothing leaves the machine.
+W&B runs in offline mode by default (``wandb sync`` uploads later), so nothing leaves the machine;
+the run config it gets has no secret in it (:func:`llds_server.settings.without_secrets`): a synced run
+is shared with whoever can see the project.
 """
 
 from __future__ import annotations
@@ -10,6 +12,8 @@ from __future__ import annotations
 import math
 from pathlib import Path
 from typing import Any, Protocol
+
+from llds_server.settings import without_secrets
 
 
 class TrackerError(RuntimeError):
@@ -78,7 +82,8 @@ class WandbWriter:
 def make_writers(
     trackers: list[str], run_dir: Path, *, wandb_project: str, wandb_mode: str, config: dict[str, Any]
 ) -> list[StepWriter]:
-    """One writer per configured tracker."""
+    """One writer per configured tracker; ``config`` reaches them without its secrets."""
+    config = without_secrets(config)
     writers: list[StepWriter] = []
     for name in trackers:
         if name == "tensorboard":

@@ -91,6 +91,15 @@ def test_compose_refuses_to_start_without_each_secret(tmp_path, secret: str) -> 
     assert res.returncode != 0 and secret in res.stderr
 
 
+def test_redis_refuses_the_placeholder_password(gpu: dict) -> None:
+    """The env file copied unchanged: Redis exits before it writes its config or starts (the services
+    refuse the same placeholder in their URLs and the admin token, tests/unit/server/test_cli_flags.py)."""
+    command = [part.replace("$$", "$") for part in gpu["services"]["redis"]["command"]]
+    env = {"PATH": "/usr/bin:/bin", "REDIS_PASSWORD": read_env_file()["REDIS_PASSWORD"]}
+    res = run(command, env=env)
+    assert res.returncode == 1 and "REDIS_PASSWORD is the placeholder" in res.stderr
+
+
 def test_gpu_services_reserve_gpus(gpu: dict) -> None:
     for name in ("rollout", "trainer"):
         devices = gpu["services"][name]["deploy"]["resources"]["reservations"]["devices"]

@@ -6,7 +6,9 @@ as a StatefulSet with a PVC and a password Secret, weights on a shared ReadWrite
 
 from __future__ import annotations
 
+import base64
 import copy
+import subprocess
 from pathlib import Path
 from typing import Any
 
@@ -123,6 +125,18 @@ def test_redis_statefulset_with_pvc_and_secret(rendered: dict, target: str) -> N
     secret = _get(docs, "Secret", secret_name)
     assert set(secret["data"]) >= {"REDIS_PASSWORD", "LLDS_ADMIN_TOKEN"}
     assert _get(docs, "Service", "llds-redis")["spec"]["clusterIP"] == "None"
+
+
+def test_redis_refuses_the_example_secrets_placeholder(rendered: dict) -> None:
+    docs = rendered["base"]  # rendered with secrets.env copied from secrets.env.example
+    c = _container(_get(docs, "StatefulSet", "llds-redis"), "redis")
+    secret = _get(docs, "Secret", _env(c)["REDIS_PASSWORD"]["valueFrom"]["secretKeyRef"]["name"])
+    env = {
+        "PATH": "/usr/bin:/bin",
+        "REDIS_PASSWORD": base64.b64decode(secret["data"]["REDIS_PASSWORD"]).decode(),
+    }
+    res = subprocess.run(c["command"], env=env, capture_output=True, text=True, timeout=30)
+    assert res.returncode == 1 and "REDIS_PASSWORD is the placeholder" in res.stderr
 
 
 @pytest.mark.parametrize("target", TARGETS)

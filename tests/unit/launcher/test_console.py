@@ -55,6 +55,22 @@ def test_step_reporter_prints_each_new_record_once_and_waits_for_a_whole_line(tm
     assert again.poll() == 0
 
 
+def test_step_reporter_after_a_restarted_trainer_cut_its_log_prints_the_steps_trained_again(
+    tmp_path: Path,
+) -> None:
+    log = tmp_path / "train_log.jsonl"
+    out = io.StringIO()
+    rep = StepReporter(log, total_steps=4, out=out)
+    log.write_text("".join(json.dumps({**REC, "step": s}) + "\n" for s in (1, 2, 3)))
+    assert rep.poll() == 3
+    log.write_text(json.dumps({**REC, "step": 1}) + "\n")  # restarted from the step-1 checkpoint
+    assert rep.poll() == 0  # step 1 was printed already
+    with log.open("a") as f:
+        f.write(json.dumps({**REC, "step": 2}) + "\n")
+    assert rep.poll() == 1
+    assert [ln.split()[1] for ln in out.getvalue().splitlines()] == ["1/4", "2/4", "3/4", "2/4"]
+
+
 def test_errors_reach_the_console_with_the_log_path_once_and_tracebacks_whole(tmp_path: Path) -> None:
     echo = ErrorEcho(tmp_path / "trainer.log")
     lines = [

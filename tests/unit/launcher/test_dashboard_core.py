@@ -3,13 +3,11 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
 from llds.dashboard.panels import PANELS, layout
-from llds.dashboard.poller import LogTail
 from llds.dashboard.scrape import (
     MetricsParseError,
     derive,
@@ -218,18 +216,3 @@ def test_store_samples_events_and_boot_id() -> None:
     assert st["events"] == [
         {"t": 102.0, "kind": "weights", "key": "llds_rollout_weights_version", "from": 1.0, "to": 2.0}
     ]
-
-
-def test_log_tail_reads_complete_new_lines_only(tmp_path: Path) -> None:
-    path = tmp_path / "train_log.jsonl"
-    tail = LogTail(path)
-    assert tail.read() == []  # not written yet
-    path.write_text('{"step": 1}\n{"step": 2')
-    assert tail.read() == [{"step": 1}]
-    with path.open("a") as f:
-        f.write(', "x": 1}\nnot json\n[1]\n')
-    assert tail.read() == [{"step": 2, "x": 1}]
-    assert tail.bad_lines == 1
-    assert tail.read() == []
-    path.write_text('{"step": 9}\n')  # replaced by a shorter file: read from the start
-    assert tail.read() == [{"step": 9}]

@@ -491,16 +491,22 @@ def _policy(folder: Path, last: float) -> Path:
     return folder
 
 
-def test_a_piece_of_the_study_from_another_start_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_piece_of_the_study_from_another_start_is_refused(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """One start per study: study.json records its tensors' digest, and a later piece whose start has
     other bytes stops before anything runs."""
     ran: list[str] = []
-    monkeypatch.setattr(experiment, "_run_or_exit", lambda a, s, args: ran.append(a) or experiment.summarize(a, s, STEADY))
+    monkeypatch.setattr(
+        experiment, "_run_or_exit", lambda a, s, args: ran.append(a) or experiment.summarize(a, s, STEADY)
+    )
     monkeypatch.setattr(experiment, "baseline", lambda args: None)
     a, b = _policy(tmp_path / "a", 0.0), _policy(tmp_path / "b", 1.0)
     base = ["--out", str(tmp_path / "study"), "--preset", "cpu", "--steps", "30", "--eval-limit", "0"]
     assert experiment.main([*base, "--model", str(a), "--seeds", "0", "--arms", "grpo"]) == 0
-    assert json.loads((tmp_path / "study" / "study.json").read_text())["start_digest"] == experiment.policy_digest(a)
+    assert json.loads((tmp_path / "study" / "study.json").read_text())[
+        "start_digest"
+    ] == experiment.policy_digest(a)
     with pytest.raises(SystemExit, match=f"start_digest '{experiment.policy_digest(a)}' there"):
         experiment.main([*base, "--model", str(b), "--seeds", "1", "--arms", "grpo"])
     assert ran == ["grpo"]
@@ -529,7 +535,13 @@ def test_checkpoints_are_evaluated_per_question_once_and_dead_steps_have_none(
 
     probes: list[dict[int, Path]] = []
     monkeypatch.setattr(subprocess, "run", run)
-    monkeypatch.setattr(experiment, "probe_lld", lambda models, out: probes.append(models) or out.parent.mkdir(parents=True, exist_ok=True) or out.write_text("{}"))  # noqa: E501
+    monkeypatch.setattr(
+        experiment,
+        "probe_lld",
+        lambda models, out: (
+            probes.append(models) or out.parent.mkdir(parents=True, exist_ok=True) or out.write_text("{}")
+        ),
+    )
     folder = tmp_path / "runs" / "grpo-s0"
     for version, step in ((7, 10), (9, 12)):  # a resumed run: versions ahead of steps
         d = folder / "run" / "weights" / f"v{version:06d}"
@@ -537,8 +549,12 @@ def test_checkpoints_are_evaluated_per_question_once_and_dead_steps_have_none(
         (d / "COMPLETE").write_text(json.dumps({"version": version, "step": step, "files": {}}))
     (folder / "rollout_variant.toml").write_text("topk = 2\n")
     shape = experiment._shape(folder / "rollout_variant.toml")
-    (folder / "result.json").write_text(json.dumps({"arm": "grpo", "seed": 0, "stopped_dead_at": 12, "eval_shape": shape}))
-    args = argparse.Namespace(out=tmp_path, preset="cpu-study", eval_limit=195, resume=True, eval_steps=[10, 20])
+    (folder / "result.json").write_text(
+        json.dumps({"arm": "grpo", "seed": 0, "stopped_dead_at": 12, "eval_shape": shape})
+    )
+    args = argparse.Namespace(
+        out=tmp_path, preset="cpu-study", eval_limit=195, resume=True, eval_steps=[10, 20]
+    )
     got = experiment.run_one("grpo", 0, args)
     assert list(got["checkpoints"]) == ["10"] and got["checkpoints"]["10"]["em"] == 0.5 and len(evals) == 1
     assert evals[0][evals[0].index("--model") + 1].endswith("v000007")
@@ -558,13 +574,17 @@ def test_trainer_sets_are_nested_typed_overrides_and_bad_ones_are_named() -> Non
     for bad in ("lr", "=3", "optimizer..lr=1"):
         with pytest.raises(ValueError, match=repr(bad).replace(".", r"\.")):
             experiment.trainer_sets([bad])
-    cfg = TrainerConfig(**experiment.merged(experiment.preset_config("cpu-study", "trainer"), got | {"run_id": "x"}))
+    cfg = TrainerConfig(
+        **experiment.merged(experiment.preset_config("cpu-study", "trainer"), got | {"run_id": "x"})
+    )
     assert cfg.optimizer.lr == 4e-5 and cfg.keep_versions_every == 10 and cfg.groups_per_step == 4
 
 
 @pytest.mark.parametrize("arm", list(experiment.ARMS))
 def test_every_arm_is_a_valid_trainer_config_on_the_study_preset(arm: str) -> None:
-    cfg = TrainerConfig(**experiment.merged(experiment.preset_config("cpu-study", "trainer"), experiment.ARMS[arm]))
+    cfg = TrainerConfig(
+        **experiment.merged(experiment.preset_config("cpu-study", "trainer"), experiment.ARMS[arm])
+    )
     assert cfg.kl_coef == 0.001 and cfg.groups_per_step == 4
     if arm == "grpo_skipzero":
         assert cfg.optimizer.skip_updates == "no_signal" and cfg.regularizer.type == "none"

@@ -50,7 +50,9 @@ def test_collapse_learning_and_holding_follow_the_declared_definitions(tmp_path:
     assert g0.learned(0.4) and g0.collapsed and not g0.held(0.4)
     assert [c.em for c in g1.checkpoints] == [0.4, None, None]
     assert g1.collapsed and [c.em_or_dead for c in g1.checkpoints] == [0.4, 0.0, 0.0]
-    assert [c.step for c in l0.checkpoints] == [10, 20] and l0.learned(0.4) and l0.held(0.4) and not l0.collapsed
+    assert (
+        [c.step for c in l0.checkpoints] == [10, 20] and l0.learned(0.4) and l0.held(0.4) and not l0.collapsed
+    )
     assert l1.collapsed and not l1.learned(0.4)
 
 
@@ -87,8 +89,12 @@ def test_the_section_regenerates_identically_from_the_files(tmp_path: Path) -> N
     _study(tmp_path, [["grpo", 0], ["grpo_llds", 0]],
            [{"arm": "grpo", "seed": 0, "start_digest": "abc"}, {"arm": "grpo_llds", "seed": 0, "start_digest": "abc"}])  # fmt: skip
     (tmp_path / "lld").mkdir()
-    (tmp_path / "lld" / "start.json").write_text(json.dumps({"first": 160, "count": 32, "logp_token": {"0": -1.0}}))
-    (tmp_path / "lld" / "grpo-s0.json").write_text(json.dumps({"logp_token": {"10": -1.5, "20": -2.0, "30": -3.0}}))
+    (tmp_path / "lld" / "start.json").write_text(
+        json.dumps({"first": 160, "count": 32, "logp_token": {"0": -1.0}})
+    )
+    (tmp_path / "lld" / "grpo-s0.json").write_text(
+        json.dumps({"logp_token": {"10": -1.5, "20": -2.0, "30": -3.0}})
+    )
     lines, figs = study.section(tmp_path, ["grpo", "grpo_llds"])
     text = "\n".join(lines)
     assert "| grpo | -0.500 [-0.500, -0.500] (n=1) | -1.000 [-1.000, -1.000] (n=1) | -2.000" in text

@@ -8,7 +8,9 @@ exit); the Redis cases use a real valkey-server.
 from __future__ import annotations
 
 import json
+import os
 import signal
+import stat
 import sys
 import time
 import tomllib
@@ -149,6 +151,26 @@ def test_logged_step_skips_a_line_cut_by_a_crash(tmp_path: Path) -> None:
     assert up.logged_step(log) == 0
     log.write_text('{"step": 1}\n{"step": 2}\n{"step": 3, "loss/')
     assert up.logged_step(log) == 2
+
+
+def test_the_admin_token_file_is_private_from_the_moment_it_exists(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    u = _up(tmp_path)
+    u.run_dir.mkdir(parents=True)
+    (u.run_dir / "admin_token").write_text("an older token\n")  # a resumed run: a file written before
+    (u.run_dir / "admin_token").chmod(0o644)
+    chmods: list[object] = []
+    monkeypatch.setattr(Path, "chmod", lambda self, mode: chmods.append((self, mode)))
+    old = os.umask(0)  # nothing masks the mode a file is created with
+    try:
+        u.banner()
+    finally:
+        os.umask(old)
+    path = u.run_dir / "admin_token"
+    assert path.read_text() == u.token + "\n"
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600 and not chmods
+    assert [p.name for p in u.run_dir.iterdir()] == ["admin_token"]
 
 
 # ---------------------------------------------------------------------------- dead children

@@ -147,6 +147,27 @@ def test_invalid_json_is_422(client: TestClient) -> None:
     assert "message" in r.json()
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"queries": ["\\ud800"]}',  # a lone surrogate, as JSON escapes it (it was a 500)
+        b'{"queries": ["ok", "a\\udfffb"]}',
+        b'{"queries": ["ok"], "request_id": "\\ud83d"}',
+        b'{"queries": ["\xff\xfe"]}',  # bytes that are not UTF-8
+        b'{"queries": ["ok"], "request_id": "caf\xe9"}',
+    ],
+)
+def test_strings_that_are_not_unicode_are_4xx_with_a_message(client: TestClient, body: bytes) -> None:
+    r = client.post("/retrieve", content=body, headers={"content-type": "application/json"})
+    assert 400 <= r.status_code < 500, r.text
+    assert r.json().get("message") or r.json()["detail"]
+
+
+def test_a_request_id_header_that_is_not_utf8_stays_out_of_the_headers(client: TestClient) -> None:
+    r = client.post("/retrieve", json={"queries": ["q"]}, headers=[(b"x-request-id", b"\xff\xed\xa0\x80")])
+    assert r.status_code == 200 and "x-request-id" not in r.headers
+
+
 def test_body_over_limit_is_413_declared_or_chunked(client: TestClient) -> None:
     big = json.dumps({"queries": ["x" * 3000, "y" * 3000]}).encode()
     r = client.post("/retrieve", content=big, headers={"content-type": "application/json"})

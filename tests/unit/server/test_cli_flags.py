@@ -478,6 +478,38 @@ def test_a_constraint_violation_takes_each_commands_error_path(capsys: pytest.Ca
         assert e.value.code == 2
 
 
+@pytest.mark.parametrize(
+    ("var", "value"),
+    [
+        ("LLDS_ADMIN_TOKEN", "change-me-admin-token"),  # deploy/env.example's values, copied unchanged
+        ("LLDS_TRAINER_REDIS_URL", "redis://:change-me-redis-password@redis:6379/0"),
+        ("LLDS_ROLLOUT_REDIS_URL", "redis://:change-me-redis-password@redis:6379/0"),
+        ("REDIS_URL", "redis://:change-me-redis-password@127.0.0.1:6379/0"),
+    ],
+)
+def test_a_placeholder_secret_is_refused_at_start_naming_its_variable(
+    var: str, value: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv(var, value)
+    starts = {
+        "LLDS_ADMIN_TOKEN": ["trainer", "rollout", "up"],
+        "LLDS_TRAINER_REDIS_URL": ["trainer"],
+        "LLDS_ROLLOUT_REDIS_URL": ["rollout"],
+        "REDIS_URL": ["up"],
+    }[var]
+    for name in starts:
+        if name == "trainer":
+            assert trainer_cli.run_main(["--model", "m"]) == 2
+        elif name == "rollout":
+            assert rollout_cli.serve_main(["--model", "m", "--no-train"]) == 2
+        else:
+            with pytest.raises(SystemExit) as e:
+                raise SystemExit(up.main(["--preset", "tiny", "--steps", "1"]))  # a usage error exits itself
+            assert e.value.code == 2
+        err = capsys.readouterr().err
+        assert var in err and "placeholder" in err, (name, err)
+
+
 # ---------------------------------------------------------------------------- the spellings in use
 
 OLD_SPELLINGS = [

@@ -7,7 +7,15 @@ import pytest
 from pydantic import Field
 from pydantic_settings import SettingsConfigDict
 
-from llds_server.settings import ConfigError, ConfigModel, ServiceSettings, retyped, typed_union
+from llds_server.settings import (
+    ConfigError,
+    ConfigModel,
+    ServiceSettings,
+    redact_url,
+    retyped,
+    typed_union,
+    without_secrets,
+)
 
 
 class _Cfg(ServiceSettings):
@@ -67,6 +75,35 @@ def test_written_config_loads_back_without_its_secrets(tmp_path: Path) -> None:
     assert "hunter2" not in text and "secret" not in text and "admin_token" not in text
     back = _Nested.load(path)
     assert back.max_tokens_per_turn == 9 and back.redis_url == "redis://:***@127.0.0.1:6379/0"
+
+
+@pytest.mark.parametrize(
+    ("url", "shown"),
+    [
+        ("redis://:hunter2@redis:6379/0", "redis://:***@redis:6379/0"),
+        ("rediss://default:hunter2@redis:6380/1", "rediss://default:***@redis:6380/1"),
+        ("http://rollout:8001/admin?token=abc&x=a%20b#f", "http://rollout:8001/admin?token=***&x=a%20b#f"),
+        (
+            "http://h/?API-Key=k;access_token=t&sig=s&v=1",
+            "http://h/?API-Key=***;access_token=***&sig=***&v=1",
+        ),
+        ("http://127.0.0.1:8000/retrieve?topk=3", "http://127.0.0.1:8000/retrieve?topk=3"),
+    ],
+)
+def test_urls_lose_their_passwords_and_secret_query_values(url: str, shown: str) -> None:
+    assert redact_url(url) == shown
+
+
+def test_configs_for_trackers_lose_secret_fields_and_url_secrets_at_every_level() -> None:
+    data = {"redis_url": "redis://:hunter2@r:6379/0", "admin_token": "t", "wandb_api_key": "k",
+            "notify_urls": ["http://a:1/?token=t2", "http://b:2"], "max_tokens_per_turn": 3,
+            "section": {"client_secret": "s", "url": "https://u:pw@h/"}}  # fmt: skip
+    assert without_secrets(data) == {
+        "redis_url": "redis://:***@r:6379/0",
+        "notify_urls": ["http://a:1/?token=***", "http://b:2"],
+        "max_tokens_per_turn": 3,
+        "section": {"url": "https://u:***@h/"},
+    }
 
 
 class _Fast(ConfigModel):

@@ -243,7 +243,9 @@ def test_no_signal_skips_even_with_a_kl_gradient(tiny_model_dir: Path, groups: l
         assert rec["actor/skipped_updates"] == skipped, mode
 
 
-def test_the_fell_fraction_reads_zero_when_the_weights_did_not_move(tiny_model_dir: Path, groups: list[Any]) -> None:
+def test_the_fell_fraction_reads_zero_when_the_weights_did_not_move(
+    tiny_model_dir: Path, groups: list[Any]
+) -> None:
     """Groups all correct (advantage 0): with ``skip_updates`` the weights stay, and no correct response
     may read as having fallen; without it AdamW's momentum moves them and the signal sees that."""
 

@@ -270,3 +270,17 @@ def test_gc_keeps_the_versions_a_study_evaluates(tmp_path: Path) -> None:
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v000005", "v000010", "v000011", "v000012"]
     gc_versions(tmp_path, keep=1)  # without it the evaluated steps go too
     assert sorted(p.name for p in tmp_path.iterdir()) == ["v000012"]
+
+
+def test_notify_logs_replica_urls_without_their_secrets(caplog: pytest.LogCaptureFixture) -> None:
+    from llds_proto.messages import WeightUpdateNotice
+    from llds_server.http import free_port
+    from llds_trainer.publish import notify_replicas
+
+    notice = WeightUpdateNotice(version=1, path="/w/v000001", step=1)
+    port = free_port()  # nothing listens there
+    with caplog.at_level("INFO", logger="llds.trainer.publish"):
+        (res,) = notify_replicas([f"http://user:hunter2@127.0.0.1:{port}/?token=abc"], notice, None, 2)
+    assert not res.ok
+    assert f"notify http://user:***@127.0.0.1:{port}/?token=*** of version 1 failed" in caplog.text
+    assert "hunter2" not in caplog.text and "abc" not in caplog.text

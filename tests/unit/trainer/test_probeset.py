@@ -12,7 +12,9 @@ import pytest
 from llds_trainer import probeset
 
 
-def test_probe_set_is_fixed_and_scored_on_assistant_tokens(tiny_model_dir: Path, tokenizer: Any, tmp_path: Path) -> None:
+def test_probe_set_is_fixed_and_scored_on_assistant_tokens(
+    tiny_model_dir: Path, tokenizer: Any, tmp_path: Path
+) -> None:
     world = _world(tmp_path)
     a = probeset.probe_samples(tokenizer, world, first=4, count=3)
     b = probeset.probe_samples(tokenizer, world, first=4, count=3)

@@ -1,6 +1,9 @@
 """Optional trackers: TensorBoard event files and offline W&B runs receive every numeric step value."""
 
+import sys
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
 
 import pytest
 
@@ -40,6 +43,21 @@ def test_wandb_offline_run_is_written_locally(tmp_path: Path, monkeypatch: pytes
     runs = list((tmp_path / "wandb").glob("offline-run-*"))
     assert len(runs) == 1
     assert list(runs[0].glob("*.wandb")), "no run file written"
+
+
+def test_trackers_get_the_config_without_its_secrets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    seen: dict[str, Any] = {}
+
+    def init(**kw: Any) -> Any:
+        seen.update(kw)
+        return SimpleNamespace(log=lambda *a, **k: None, finish=lambda: None)
+
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(init=init))
+    config = {"lr": 1e-6, "redis_url": "redis://:hunter2@redis:6379/0", "admin_token": "tok",
+              "notify_urls": ["http://rollout:8001/?token=abc"]}  # fmt: skip
+    make_writers(["wandb"], tmp_path, wandb_project="t", wandb_mode="offline", config=config)
+    assert seen["config"] == {"lr": 1e-6, "redis_url": "redis://:***@redis:6379/0",
+                              "notify_urls": ["http://rollout:8001/?token=***"]}  # fmt: skip
 
 
 def test_unknown_tracker_is_an_error(tmp_path: Path) -> None:
