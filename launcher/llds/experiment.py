@@ -877,14 +877,14 @@ def _copy_to_repo(dest: Path, files: list[Path], out: Path, logs: dict[str, Any]
 
 def export(out: Path, dest: Path) -> list[Path]:
     """Copy what the study's report is rebuilt from into ``dest`` (to commit): study.json, results.json,
-    the start's evaluation (baseline.json), the compact step logs, the per-question results and the
-    probe-set LLD. ``llds experiment lld --report-only --out DEST`` then regenerates the report and its
+    the start's evaluation (baseline.json), the compact step logs, the per-question results, the
+    probe-set LLD and a load record if one was kept (``load.log``: ``unix-time /proc/loadavg`` lines). ``llds experiment lld --report-only --out DEST`` then regenerates the report and its
     figures from those files alone."""
     import shutil
 
     copied = []
     pairs = [(out / "study.json", dest / "study.json"), (out / "results.json", dest / "results.json"),
-             (out / "baseline" / "result.json", dest / "baseline.json")]  # fmt: skip
+             (out / "baseline" / "result.json", dest / "baseline.json"), (out / "load.log", dest / "load.log")]  # fmt: skip
     for sub in ("logs", QUESTIONS, LLD):
         pairs += [(f, dest / sub / f.name) for f in sorted((out / sub).glob("*.json*"))]
     for src, dst in pairs:

@@ -664,6 +664,10 @@ def main(argv: list[str] | None = None) -> int:
         _check_preset(cfg)
         up = Up(cfg, resume=resume)
         up.check_run_dir()
+        if resume and cfg.exit_when_done and up.trainer_done():
+            # Its trainer would exit at once, before it ever answers /health: nothing to start.
+            print(f"{up.run_dir} has trained its {cfg.steps} steps already: nothing to do", flush=True)
+            return 0
         print(f"rollout engine: {up.check_engine()}", flush=True)
     except ValueError as e:  # ConfigError, or the rollout config failing validation
         print(f"llds up: {e}", file=sys.stderr)

@@ -46,18 +46,28 @@ def decode_group(data: bytes) -> TrajectoryGroup:
     """Parse bytes written by :func:`encode_group`; raises :class:`CodecError` on anything else."""
     try:
         d = msgpack.unpackb(data, raw=False)
-    except (msgpack.UnpackException, ValueError) as e:
+    except Exception as e:  # untrusted bytes: unhashable map keys raise TypeError, deep nesting others
         raise CodecError(f"not a msgpack trajectory group: {e}") from e
     if not isinstance(d, dict) or "trajectories" not in d:
         raise CodecError("not a trajectory group: missing 'trajectories'")
     if d.get("schema_version") != SCHEMA_VERSION:
         raise CodecError(f"schema_version {d.get('schema_version')!r} != {SCHEMA_VERSION}")
+    if not isinstance(d["trajectories"], list):
+        raise CodecError(f"not a trajectory group: 'trajectories' is a {type(d['trajectories']).__name__}")
     trajs = []
-    for t in d["trajectories"]:
-        for name, dtype in _ARRAYS.items():
-            t[name] = np.frombuffer(t[name], dtype=dtype).tolist()
-        t["action_spans"] = [tuple(s) for s in t["action_spans"]]
-        t["answer_span"] = tuple(t["answer_span"]) if t["answer_span"] else None
+    for i, t in enumerate(d["trajectories"]):
+        # Any shape msgpack can carry may arrive here: every failure is this codec's error.
+        try:
+            if not isinstance(t, dict):
+                raise TypeError(f"a {type(t).__name__}, not a map")
+            for name, dtype in _ARRAYS.items():
+                if not isinstance(t.get(name), bytes):
+                    raise TypeError(f"{name!r} is not raw bytes")
+                t[name] = np.frombuffer(t[name], dtype=dtype).tolist()
+            t["action_spans"] = [tuple(s) for s in t.get("action_spans") or []]
+            t["answer_span"] = tuple(t["answer_span"]) if t.get("answer_span") else None
+        except (TypeError, ValueError, KeyError, AttributeError) as e:
+            raise CodecError(f"invalid trajectory {i}: {e}") from e
         trajs.append(t)
     d["trajectories"] = trajs
     try:

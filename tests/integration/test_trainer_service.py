@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 import httpx
+import msgpack
 import pytest
 import redis
 
@@ -275,12 +276,25 @@ def test_invalid_and_duplicate_groups_are_dropped_and_acked(
     fresh = synthetic_groups(tokenizer, 2, 2, seed=1, think_words=2, doc_words=4)
     dup = synthetic_groups(tokenizer, 1, 2, seed=1, think_words=2, doc_words=4)  # same group id as fresh[0]
     r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: b"not msgpack"})
-    push(r, fresh[:1] + dup + fresh[1:])
+    # msgpack of the wrong shape (a map whose trajectories are not maps): the codec's error, not a crash
+    r.xadd(
+        streams.DEFAULT_KEYS.stream,
+        {streams.GROUP_FIELD: msgpack.packb({"schema_version": 1, "trajectories": [1]})},
+    )
+    bad = synthetic_groups(tokenizer, 2, 2, seed=1, think_words=2, doc_words=4, start_index=50)
+    t0 = bad[0].trajectories[0]
+    vocab = t0.model_copy(update={"response_ids": [10**6, *t0.response_ids[1:]]})  # no such embedding row
+    bad[0] = bad[0].model_copy(update={"trajectories": [vocab, *bad[0].trajectories[1:]]})
+    t1 = bad[1].trajectories[0]
+    n = 9000  # past the tiny model's 8192 positions
+    long = t1.model_copy(update={"prompt_ids": [1] * n + list(t1.prompt_ids)})
+    bad[1] = bad[1].model_copy(update={"trajectories": [long, *bad[1].trajectories[1:]]})
+    push(r, fresh[:1] + dup + bad + fresh[1:])
     port = free_port()
     proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=1, port=port)
     assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     log = (tmp_path / "trainer.log").read_text()
-    assert "invalid" in log and "duplicate" in log
+    assert "invalid" in log and "duplicate" in log and "out_of_vocab" in log and "too_long" in log
     assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
     assert state["consumed"] == [g.group_id for g in fresh]

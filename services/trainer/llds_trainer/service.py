@@ -470,6 +470,17 @@ class TrainerService:
                 ids.append(e.entry_id)
         return groups, ids
 
+    def _limits(self) -> tuple[int, int | None]:
+        """Token ids the policy can embed (its input embedding rows) and the longest sequence its
+        positions cover (None: not stated): a group outside them would fail inside the step, and being
+        re-read first after every restart, stop training for good."""
+        if not hasattr(self, "_limits_cache"):
+            model = self.trainer.model
+            vocab = int(model.get_input_embeddings().num_embeddings)
+            longest = getattr(model.config, "max_position_embeddings", None)
+            self._limits_cache = (vocab, int(longest) if longest else None)
+        return self._limits_cache
+
     def _drop_reason(self, e: Any, seen: set[str]) -> str | None:
         if e.group is None:
             return "invalid"
@@ -481,6 +492,13 @@ class TrainerService:
             return "duplicate"
         if not any(any(t.loss_mask) for t in g.trajectories):
             return "empty"
+        vocab, longest = self._limits()
+        if any(
+            not 0 <= i < vocab for t in g.trajectories for ids in (t.prompt_ids, t.response_ids) for i in ids
+        ):
+            return "out_of_vocab"
+        if longest and any(len(t.prompt_ids) + len(t.response_ids) > longest for t in g.trajectories):
+            return "too_long"
         if g.max_version > st.version:
             return "ahead"
         sampled = {v for t in g.trajectories for v, m in zip(t.versions, t.loss_mask, strict=True) if m}

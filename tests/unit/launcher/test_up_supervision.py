@@ -327,6 +327,24 @@ def test_resume_reads_back_the_first_runs_config(tmp_path: Path, monkeypatch: py
         assert cont.child_config(name) == first.run_dir / up.CONFIG_COPIES / f"{name}.toml"
 
 
+def test_resuming_a_finished_run_to_exit_when_done_starts_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`llds up --resume RUN --exit-when-done` of a run at its steps (what `llds experiment --resume`
+    does to evaluate a run whose experiment process died after training) exits 0 at once: its trainer
+    would exit before it ever answered /health, which read as a dead child."""
+    monkeypatch.delenv("REDIS_URL", raising=False)
+    cfg, _ = up.parse_args(["--preset", "tiny", "--steps", "2", "--run-dir", str(tmp_path / "r"), "--no-dashboard"])
+    first = up.Up(cfg)
+    (first.run_dir / "trainer").mkdir(parents=True)
+    (first.run_dir / "run_id").write_text(first.run_id + "\n")
+    cfg.model_copy(update={"run_dir": first.run_dir}).write_toml(first.run_dir / "up_config.toml")
+    (first.run_dir / "trainer" / "train_log.jsonl").write_text('{"step": 1}\n{"step": 2}\n')
+    monkeypatch.setattr(up.Up, "prepare", lambda self: pytest.fail("a finished run must start nothing"))
+    assert up.main(["--resume", str(first.run_dir), "--exit-when-done"]) == 0
+    assert "has trained its 2 steps already: nothing to do" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("flag", [["--preset", "cpu"], ["--model", "m"], ["--run-dir", "x"]])
 def test_resume_refuses_flags_that_change_the_run(tmp_path: Path, flag: list[str]) -> None:
     with pytest.raises(SystemExit) as e:

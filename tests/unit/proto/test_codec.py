@@ -75,3 +75,37 @@ def test_misaligned_arrays_are_rejected() -> None:
     d["trajectories"][0]["loss_mask"] = d["trajectories"][0]["loss_mask"][:-1]
     with pytest.raises(CodecError, match="loss_mask"):
         decode_group(msgpack.packb(d, use_bin_type=True))
+
+
+def _with(path: tuple[object, ...], value: object) -> bytes:
+    """The test group's payload with the item at ``path`` (keys and list indexes) replaced."""
+    d = msgpack.unpackb(encode_group(_group()), raw=False)
+    node = d
+    for k in path[:-1]:
+        node = node[k]  # type: ignore[index]
+    node[path[-1]] = value  # type: ignore[index]
+    return msgpack.packb(d, use_bin_type=True)
+
+
+@pytest.mark.parametrize(
+    "data",
+    [
+        msgpack.packb({"trajectories": 1, "schema_version": 1}),
+        _with(("trajectories",), {"a": 1}),
+        _with(("trajectories",), [1, "x"]),
+        _with(("trajectories", 0, "prompt_ids"), [1, 2, 3]),  # a list, not raw bytes
+        _with(("trajectories", 0, "response_ids"), b"\x01\x02\x03"),  # not a whole number of int32s
+        _with(("trajectories", 0, "action_spans"), 5),
+        _with(("trajectories", 0, "answer_span"), 7),
+        _with(("trajectories", 0, "reward"), "high"),
+        _with(("group_id",), ["x"]),
+        b"\x81\x91\x01\x01",  # a map whose key is a list: unhashable in Python
+    ],
+)
+def test_every_wrongly_shaped_payload_is_the_codecs_error(data: bytes) -> None:
+    """msgpack that decodes to the wrong shape (what a buggy or hostile producer can XADD) raises
+    CodecError, never a TypeError or KeyError that would stop the trainer."""
+    d = msgpack.unpackb(data, raw=False, strict_map_key=False) if data[:1] != b"\x81" else None
+    assert d is None or d != msgpack.unpackb(encode_group(_group()), raw=False)
+    with pytest.raises(CodecError):
+        decode_group(data)
