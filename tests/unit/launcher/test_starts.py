@@ -103,10 +103,12 @@ def test_each_shipped_starts_world_is_the_one_built_today(name: str, tmp_path: P
 
 
 @pytest.mark.slow
-def test_the_default_start_merges_to_its_manifest_digest_here(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@pytest.mark.parametrize("name", starts.names())
+def test_every_shipped_start_merges_to_its_manifest_digest_here(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    """The real thing: SmolLM2 from its package, the shipped adapter, float64 merge, the manifest's bytes."""
+    """The real thing: SmolLM2 from its package, the shipped adapter, float64 merge, the manifest's bytes
+    (the default start and the study's headroom start alike)."""
     from llds import assets
 
     real = assets.cache_dir()
@@ -115,8 +117,8 @@ def test_the_default_start_merges_to_its_manifest_digest_here(
         real / "models" / assets.SMOLLM2_NAME / ".complete"
     ).is_file() else None
     shutil.copytree(real / "tokenizers", tmp_path / "tokenizers") if (real / "tokenizers").is_dir() else None
-    start = starts.load(starts.DEFAULT_START)
-    path = starts.policy_dir(starts.DEFAULT_START)
+    start = starts.load(name)
+    path = starts.policy_dir(name)
     assert tensors_digest(path) == start.merged_digest
     assert tensors_digest(assets.smollm2_dir()) == start.manifest["base"]["digest"]
 

@@ -128,14 +128,16 @@ def test_an_exported_study_rebuilds_its_report_from_the_exported_files_alone(tmp
     assert (tmp_path / "copy" / "study_em.png").read_bytes() == (out / "study_em.png").read_bytes()
 
 
-STUDIES = sorted(p.parent for p in (Path(__file__).resolve().parents[3] / "docs" / "study").glob("*/study.json"))
+STUDIES = sorted(
+    p.parent for p in (Path(__file__).resolve().parents[3] / "docs" / "study").glob("*/study.json")
+)
 
 
 @pytest.mark.parametrize("folder", STUDIES, ids=[p.name for p in STUDIES])
 def test_each_committed_study_regenerates_its_report_from_its_files(folder: Path, tmp_path: Path) -> None:
     """docs/study/<phase>/ holds the files a study's report is rebuilt from; `llds experiment lld
-    --report-only` over a copy (without the report and figures) gives the committed EXPERIMENTS.md
-byte for byte and draws the figures again."""
+        --report-only` over a copy (without the report and figures) gives the committed EXPERIMENTS.md
+    byte for byte and draws the figures again."""
     import shutil
 
     from llds import experiment

@@ -334,7 +334,9 @@ def test_resuming_a_finished_run_to_exit_when_done_starts_nothing(
     does to evaluate a run whose experiment process died after training) exits 0 at once: its trainer
     would exit before it ever answered /health, which read as a dead child."""
     monkeypatch.delenv("REDIS_URL", raising=False)
-    cfg, _ = up.parse_args(["--preset", "tiny", "--steps", "2", "--run-dir", str(tmp_path / "r"), "--no-dashboard"])
+    cfg, _ = up.parse_args(
+        ["--preset", "tiny", "--steps", "2", "--run-dir", str(tmp_path / "r"), "--no-dashboard"]
+    )
     first = up.Up(cfg)
     (first.run_dir / "trainer").mkdir(parents=True)
     (first.run_dir / "run_id").write_text(first.run_id + "\n")

@@ -132,7 +132,10 @@ def _service(version: int, lineage: Any = None, **cfg: Any) -> Any:
     svc = TrainerService(TrainerConfig(**cfg))
     st = TrainState(version=version, lineage=lineage or Lineage())
     st.add_consumed(1, ["old"])
-    svc.trainer = SimpleNamespace(state=st)
+    # A model's limits as the trainer reads them: SmolLM2's 49152 embedding rows, 4096 positions.
+    model = SimpleNamespace(get_input_embeddings=lambda: SimpleNamespace(num_embeddings=49152),
+                            config=SimpleNamespace(max_position_embeddings=4096))  # fmt: skip
+    svc.trainer = SimpleNamespace(state=st, model=model)
     return svc
 
 
@@ -161,6 +164,16 @@ def test_drop_reasons(tokenizer: Any) -> None:
         svc._drop_reason(Entry("1-8", group(3, 0).model_copy(update={"group_id": "old"})), set())
         == "duplicate"
     )
+    g = group(3, 10)
+    t = g.trajectories[1]
+    for ids, why in (([49152], "out_of_vocab"), ([-1], "out_of_vocab"), ([5] * 4096, "too_long")):
+        bad = t.model_copy(update={"prompt_ids": [*ids, *t.prompt_ids]})
+        assert (
+            svc._drop_reason(
+                Entry("1-9", g.model_copy(update={"trajectories": [g.trajectories[0], bad]})), set()
+            )
+            == why
+        )
 
 
 def test_orphaned_and_lineage_stale_drops(tokenizer: Any) -> None:
