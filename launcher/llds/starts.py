@@ -234,16 +234,14 @@ def read_heldout(path: Path) -> dict[str, float]:
 def paired(a: dict[str, float], b: dict[str, float]) -> dict[str, Any]:
     """EM of two policies on the same questions, the discordant pairs and the exact two-sided McNemar
     p-value (binomial test on the discordant pairs)."""
-    from math import comb
+    from llds.study import mcnemar_p
 
     if set(a) != set(b):
         raise StartError(f"the two result files cover different questions ({len(a)} vs {len(b)})")
     only_a = sum(1 for q in a if a[q] > b[q])
     only_b = sum(1 for q in a if b[q] > a[q])
-    n, k = only_a + only_b, min(only_a, only_b)
-    p = min(1.0, 2 * sum(comb(n, i) for i in range(k + 1)) / 2**n) if n else 1.0
     return {"n": len(a), "em_a": sum(a.values()) / len(a), "em_b": sum(b.values()) / len(b),
-            "only_a": only_a, "only_b": only_b, "mcnemar_p": p}  # fmt: skip
+            "only_a": only_a, "only_b": only_b, "mcnemar_p": mcnemar_p(only_a, only_b)}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------------ CLI

@@ -48,7 +48,6 @@ def score(model_dir: Path, samples: list[Any], micro: int = 2) -> list[tuple[flo
 
 def probe_samples(tokenizer: Any, world: Path, first: int = FIRST, count: int = COUNT) -> list[Any]:
     """The fixed probe set as trainer samples (loss mask on the assistant tokens)."""
-    from llds_trainer.batch import Sample
     from llds_trainer.warmstart import build_demonstrations
 
     demos = build_demonstrations(tokenizer, world, count, seed=0, first=first)
@@ -56,11 +55,7 @@ def probe_samples(tokenizer: Any, world: Path, first: int = FIRST, count: int = 
         raise ValueError(
             f"{world}/train.jsonl has {first + len(demos)} rows: no {count} demonstrations from row {first}"
         )
-    return [
-        Sample(d.row_id, d.row_id, tuple(d.prompt_ids), tuple(d.response_ids), tuple(d.loss_mask),
-               tuple([0.0] * len(d.response_ids)), tuple([0] * len(d.response_ids)), None, 1.0, 1.0, 0, 0, 0.0)
-        for d in demos
-    ]  # fmt: skip
+    return [d.sample(reward=1.0) for d in demos]
 
 
 def main(argv: list[str] | None = None) -> int:

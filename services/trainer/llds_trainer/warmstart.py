@@ -48,6 +48,15 @@ class Demonstration:
     turns: list[str]
     """Assistant turn texts, in order."""
 
+    def sample(self, reward: float = 0.0) -> Any:
+        """The demonstration as a trainer sample (no sampler log-probs, version 0; ``reward`` also
+        its exact match): what the warm start trains on and the LLD probe set scores."""
+        from llds_trainer.batch import Sample
+
+        n = len(self.response_ids)
+        return Sample(self.row_id, self.row_id, tuple(self.prompt_ids), tuple(self.response_ids),
+                      tuple(self.loss_mask), tuple([0.0] * n), tuple([0] * n), None, reward, reward, 0, 0, 0.0)  # fmt: skip
+
 
 def read_jsonl(path: Path) -> list[dict[str, Any]]:
     if not path.is_file():
@@ -225,7 +234,7 @@ def main(argv: list[str]) -> int:
     from tqdm import tqdm
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from llds_trainer.batch import Sample, collate
+    from llds_trainer.batch import collate
     from llds_trainer.precision import resolve_precision
     from llds_trainer.scoring import target_logprobs
 
@@ -268,11 +277,7 @@ def main(argv: list[str]) -> int:
     # starts were trained with foreach, which a rebuild must repeat to give their bits.
     fused = args.optimizer == "fused" or (args.optimizer == "auto" and not args.lora)
     opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, fused=fused, foreach=None if fused else True)
-    samples = [
-        Sample(d.row_id, d.row_id, tuple(d.prompt_ids), tuple(d.response_ids), tuple(d.loss_mask),
-               tuple([0.0] * len(d.response_ids)), tuple([0] * len(d.response_ids)), None, 0.0, 0.0, 0, 0, 0.0)
-        for d in demos
-    ]  # fmt: skip
+    samples = [d.sample() for d in demos]
     pad = model.config.pad_token_id if model.config.pad_token_id is not None else 0
     rng = random.Random(args.seed)
     t0 = time.perf_counter()
