@@ -222,10 +222,13 @@ def kept_versions(run: Path) -> dict[int, Path]:
     return out
 
 
-def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: Path) -> dict[str, Any]:
+def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: Path,
+                         known: dict[str, Any] | None = None) -> dict[str, Any]:  # fmt: skip
     """Evaluate the run's kept weights at each of ``args.eval_steps`` not evaluated yet (OUT/questions
     holds the per-question results, the run's ``checkpoints`` entry the summary). A step the run never
-    reached (stopped dead earlier) has no weights: the report counts it as dead."""
+    reached (stopped dead earlier) has no weights: the report counts it as dead. ``known``: the
+    summaries a finished run's result already holds (kept as they are when their per-question file
+    is there: no weights re-hashed)."""
     steps = getattr(args, "eval_steps", None) or []
     if not steps or not args.eval_limit:
         return {}
@@ -234,6 +237,9 @@ def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: 
     for step in steps:
         out = args.out / QUESTIONS / questions_name(arm, seed, step)
         ev = folder / "eval" / f"step{step}"
+        if known and str(step) in known and out.is_file():
+            done[str(step)] = known[str(step)]
+            continue
         if step not in kept:
             continue
         if not (ev / "eval.json").is_file():
@@ -419,7 +425,9 @@ def run_one(
             print(f"== {run_name(arm, seed)}: finished earlier, skipped", flush=True)
         if getattr(args, "eval_steps", None):
             # checkpoints not evaluated yet (or their probe-set LLD): an evaluation is done once
-            now = result.get("checkpoints", {}) | evaluate_checkpoints(arm, seed, args, folder)
+            now = result.get("checkpoints", {}) | evaluate_checkpoints(
+                arm, seed, args, folder, result.get("checkpoints")
+            )
             if now != result.get("checkpoints"):
                 result["checkpoints"] = now
                 (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
