@@ -43,6 +43,10 @@ DATA_UNIFORM_SKIPPED = "data/uniform_skipped"
 """Groups with uniform rewards skipped before this step (dynamic sampling only)."""
 DATA_UNIFORM_SKIPPED_FRAC = "data/uniform_skipped_frac"
 """Those skipped groups over skipped plus trained (dynamic sampling only)."""
+DATA_DEAD_LETTERED = "data/dead_lettered"
+"""Stream entries set aside in the run's dead-letter stream since the previous step (poison)."""
+DATA_FAILED_ATTEMPTS = "data/failed_attempts"
+"""Training steps that raised since the previous step and were retried without the failing entries."""
 
 # ------------------------------------------------------------------ reward
 REWARD_MEAN = "reward/mean"

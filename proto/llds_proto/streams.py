@@ -23,6 +23,14 @@ TRAINER_GROUP = "trainers"
 GROUP_FIELD = b"group"
 """Stream entry field holding the encoded group."""
 
+DEAD_LETTER_MAXLEN = 10_000
+"""Approximate cap of a run's dead-letter stream (``XADD MAXLEN ~``): Redis stays bounded even when
+a producer sends nothing but poison."""
+
+POISON_REASONS = ("invalid", "out_of_vocab", "too_long", "failed")
+"""Drop reasons that set an entry aside in the dead-letter stream (the entry itself is bad); other
+drops (stale, duplicate, foreign, ...) are normal operation and are only counted."""
+
 
 class RunIdError(ValueError):
     """A run id that cannot be part of a Redis key."""
@@ -47,6 +55,19 @@ class RunKeys:
     def stream(self) -> str:
         """Stream of finished trajectory groups; one entry per group, field ``group`` = codec bytes."""
         return f"llds:{self.run_id}:trajectories"
+
+    @property
+    def dead_letter(self) -> str:
+        """Stream of entries the trainer set aside (undecodable, outside the policy's vocabulary or
+        positions, or failing the training step ``max_entry_failures`` times): fields ``entry`` (the
+        original entry id), ``reason``, ``error`` and ``group`` (the original bytes, empty if none).
+        Capped at :data:`DEAD_LETTER_MAXLEN` entries (oldest go first)."""
+        return f"llds:{self.run_id}:trajectories:dead"
+
+    @property
+    def entry_failures(self) -> str:
+        """Hash: stream entry id -> how many training steps it failed in (deleted when acknowledged)."""
+        return f"llds:{self.run_id}:trajectories:failures"
 
     @property
     def registry(self) -> str:

@@ -18,14 +18,17 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import httpx
+import msgpack
 import pytest
 import redis
 from up_kit import FREE_PORTS, LLDS_UP_MARKS, LldsProcess, alive, train_log, wait_step
 
-from llds_proto.codec import decode_group
+from llds_proto.codec import decode_group, encode_group
 from llds_proto.streams import GROUP_FIELD, TRAINER_GROUP, RunKeys
+from llds_trainer.synthetic import synthetic_groups
 
 pytestmark = LLDS_UP_MARKS
 
@@ -115,15 +118,47 @@ def _check_console(lines: list[str], run_dir: Path) -> None:
     assert '"GET /health' not in rollout and '"GET /metrics' not in rollout, rollout[-2000:]
 
 
+POISON_GROUP = "poison:train:0"
+"""The injected group that fails its training step (``LLDS_FAULT_POISON_GROUPS``)."""
+
+
+def _inject_poison(client: redis.Redis, keys: RunKeys, tokenizer: Any) -> dict[str, str]:
+    """Bad entries of every kind a broken or hostile producer can write, XADDed to the run's stream
+    before its trainer starts: entry id -> the reason it must be set aside with."""
+    good = synthetic_groups(tokenizer, 3, 2, seed=3, think_words=2, doc_words=4)
+    good = [g.model_copy(update={"run_id": keys.run_id}) for g in good]
+    t = good[0].trajectories[0]
+    vocab = good[0].model_copy(update={"trajectories": [t.model_copy(update={"response_ids": [10**6, *t.response_ids[1:]]}),
+                                                        *good[0].trajectories[1:]]})  # fmt: skip
+    t = good[1].trajectories[0]
+    long = good[1].model_copy(update={"trajectories": [t.model_copy(update={"prompt_ids": [1] * 9000 + list(t.prompt_ids)}),
+                                                       *good[1].trajectories[1:]]})  # fmt: skip
+    fails = good[2].model_copy(update={"group_id": POISON_GROUP})
+    entries = [
+        ({GROUP_FIELD: b"\x00not msgpack"}, "invalid"),
+        ({GROUP_FIELD: msgpack.packb({"schema_version": 1, "trajectories": [1]})}, "invalid"),
+        ({b"other": b"no group field"}, "invalid"),
+        ({GROUP_FIELD: encode_group(vocab)}, "out_of_vocab"),
+        ({GROUP_FIELD: encode_group(long)}, "too_long"),
+        ({GROUP_FIELD: encode_group(fails)}, "failed"),
+    ]
+    return {client.xadd(keys.stream, fields).decode(): why for fields, why in entries}  # type: ignore[arg-type]
+
+
 def test_llds_up_tiny_trains_swaps_weights_and_answers(
-    tmp_path: Path, redis_server: object, killed_run: KilledRun
+    tmp_path: Path, redis_server: object, killed_run: KilledRun, tokenizer: Any
 ) -> None:
+    """... and (issue 30) bad stream entries of six kinds, written before the trainer starts, are set
+    aside in the run's dead-letter stream while the run reaches its steps."""
     run_dir = tmp_path / "run-b"
     url: str = redis_server.url  # type: ignore[attr-defined]
+    client = redis.Redis.from_url(url)
     up = LldsProcess(["up", "--preset", "tiny", "--steps", str(STEPS), "--run-dir", str(run_dir), "--no-dashboard",
-                      *FREE_PORTS], env={"REDIS_URL": url})  # fmt: skip
+                      *FREE_PORTS], env={"REDIS_URL": url, "LLDS_FAULT_POISON_GROUPS": POISON_GROUP})  # fmt: skip
     children = []
     try:
+        keys = RunKeys(up.wait_line(r"^run id\s+(\S+)", timeout_s=120).group(1))
+        poison = _inject_poison(client, keys, tokenizer)
         rollout_url = up.wait_line(r"rollout\s+(http://\S+)/answer", timeout_s=400).group(1)
         children = up.descendants()
         # a second run on a Redis holding another run's unconsumed groups never stalls
@@ -161,12 +196,16 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(
         kls = [float(str(h["mismatch/kl"])) for h in history]
         assert max(kls) < MISMATCH_KL_MAX, kls
 
+        # the poison is set aside, each entry for its reason, its bytes kept; the log counts it
+        dead = {f[b"entry"].decode(): f[b"reason"].decode() for _, f in client.xrange(keys.dead_letter)}
+        assert dead == poison, (dead, poison)
+        assert sum(int(str(h.get("data/dead_lettered", 0))) for h in history) == len(poison)
+        assert sum(int(str(h.get("data/failed_attempts", 0))) for h in history) == 2  # max_entry_failures
+
         # every group the trainer consumed was acknowledged: pending entries can only be groups of
         # a step still in progress, never of a finished one
-        client = redis.Redis.from_url(url)
         run_id = (run_dir / "run_id").read_text().strip()
-        assert run_id == summary["run_id"] != killed_run.run_id
-        keys = RunKeys(run_id)
+        assert run_id == summary["run_id"] == keys.run_id != killed_run.run_id
         pending = client.xpending(keys.stream, TRAINER_GROUP)
         assert pending["pending"] <= max(int(str(h.get("data/groups", 0))) for h in history)
 
@@ -182,8 +221,9 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(
             killed_run.last_delivered,
             killed_run.group_ids,
         )
-        for _, fields in client.xrange(keys.stream):
-            assert decode_group(fields[GROUP_FIELD]).run_id == run_id
+        for eid, fields in client.xrange(keys.stream):
+            if eid.decode() not in poison:
+                assert decode_group(fields[GROUP_FIELD]).run_id == run_id
         ckpt = sorted((run_dir / "trainer" / "checkpoints").glob("step_*"))[-1]
         trained = set(json.loads((ckpt / "state.json").read_text())["consumed"])
         assert trained and not trained & killed_run.group_ids

@@ -275,11 +275,13 @@ def test_invalid_and_duplicate_groups_are_dropped_and_acked(
     r.set(streams.DEFAULT_KEYS.trainer_version, "0")
     fresh = synthetic_groups(tokenizer, 2, 2, seed=1, think_words=2, doc_words=4)
     dup = synthetic_groups(tokenizer, 1, 2, seed=1, think_words=2, doc_words=4)  # same group id as fresh[0]
-    r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: b"not msgpack"})
+    poison_ids = [r.xadd(streams.DEFAULT_KEYS.stream, {streams.GROUP_FIELD: b"not msgpack"}).decode()]
     # msgpack of the wrong shape (a map whose trajectories are not maps): the codec's error, not a crash
-    r.xadd(
-        streams.DEFAULT_KEYS.stream,
-        {streams.GROUP_FIELD: msgpack.packb({"schema_version": 1, "trajectories": [1]})},
+    poison_ids.append(
+        r.xadd(
+            streams.DEFAULT_KEYS.stream,
+            {streams.GROUP_FIELD: msgpack.packb({"schema_version": 1, "trajectories": [1]})},
+        ).decode()
     )
     bad = synthetic_groups(tokenizer, 2, 2, seed=1, think_words=2, doc_words=4, start_index=50)
     t0 = bad[0].trajectories[0]
@@ -289,7 +291,7 @@ def test_invalid_and_duplicate_groups_are_dropped_and_acked(
     n = 9000  # past the tiny model's 8192 positions
     long = t1.model_copy(update={"prompt_ids": [1] * n + list(t1.prompt_ids)})
     bad[1] = bad[1].model_copy(update={"trajectories": [long, *bad[1].trajectories[1:]]})
-    push(r, fresh[:1] + dup + bad + fresh[1:])
+    ids = push(r, fresh[:1] + dup + bad + fresh[1:])
     port = free_port()
     proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=1, port=port)
     assert proc.wait(180) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
@@ -298,6 +300,83 @@ def test_invalid_and_duplicate_groups_are_dropped_and_acked(
     assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
     state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
     assert state["consumed"] == [g.group_id for g in fresh]
+    # The poison (not the duplicate) is set aside in the run's dead-letter stream with its bytes.
+    dead = [
+        (f[b"entry"].decode(), f[b"reason"].decode(), f)
+        for _, f in r.xrange(streams.DEFAULT_KEYS.dead_letter)
+    ]
+    assert [(e, why) for e, why, _ in dead] == [
+        (poison_ids[0], "invalid"), (poison_ids[1], "invalid"), (ids[2], "out_of_vocab"), (ids[3], "too_long")
+    ], dead  # fmt: skip
+    assert dead[0][2][streams.GROUP_FIELD] == b"not msgpack"
+    assert dead[2][2][streams.GROUP_FIELD] == encode_group(bad[0])
+    record = json.loads((tmp_path / "run" / "train_log.jsonl").read_text().splitlines()[0])
+    assert record[steplog.DATA_DEAD_LETTERED] == 4 and record[steplog.DATA_FAILED_ATTEMPTS] == 0
+
+
+def _dead_letters(r: redis.Redis) -> list[tuple[str, str, str]]:
+    return [
+        (f[b"entry"].decode(), f[b"reason"].decode(), f[b"error"].decode())
+        for _, f in r.xrange(streams.DEFAULT_KEYS.dead_letter)
+    ]
+
+
+def test_a_group_that_fails_its_step_is_set_aside_and_training_goes_on(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    """A group the step cannot take (injected: LLDS_FAULT_POISON_GROUPS) fails two attempts; each
+    time every group of the step is checked alone, only it is blamed; then it is set aside and the
+    run trains every other group, each once."""
+    r = redis.Redis.from_url(redis_url)
+    r.set(streams.DEFAULT_KEYS.trainer_version, "0")
+    gs = synthetic_groups(tokenizer, 5, 2, seed=11, think_words=2, doc_words=4)
+    ids = push(r, gs)  # the poison is the second: it shares a step with the first
+    poison = gs[1].group_id
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=2, port=free_port(),
+                         env={"LLDS_FAULT_POISON_GROUPS": poison})  # fmt: skip
+    assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    dead = _dead_letters(r)
+    assert [(e, why) for e, why, _ in dead] == [(ids[1], "failed")], dead
+    assert "InjectedFailure" in dead[0][2] and poison in dead[0][2]
+    assert r.xpending(streams.DEFAULT_KEYS.stream, streams.TRAINER_GROUP)["pending"] == 0
+    assert not r.exists(streams.DEFAULT_KEYS.entry_failures)  # counts go with their entries
+    run = tmp_path / "run"
+    state = json.loads(sorted((run / "checkpoints").iterdir())[-1].joinpath("state.json").read_text())
+    assert sorted(state["consumed"]) == sorted(g.group_id for i, g in enumerate(gs) if i != 1)
+    records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
+    assert [x["step"] for x in records] == [1, 2]
+    assert records[0][steplog.DATA_FAILED_ATTEMPTS] == 2 and records[0][steplog.DATA_DEAD_LETTERED] == 1
+    assert records[1][steplog.DATA_FAILED_ATTEMPTS] == 0 and records[1][steplog.DATA_DEAD_LETTERED] == 0
+
+
+def test_failure_counts_outlive_a_crash_loop(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    """With max_failed_steps_in_row = 1 a failed step stops the trainer (as one whose weights had moved
+    would): each start fails on the same pending entries, counts them in Redis, and the third start
+    sets the step's entries aside and trains the rest."""
+    r = redis.Redis.from_url(redis_url)
+    r.set(streams.DEFAULT_KEYS.trainer_version, "0")
+    gs = synthetic_groups(tokenizer, 4, 2, seed=12, think_words=2, doc_words=4)
+    ids = push(r, gs)
+    extra = ["--set", "max_failed_steps_in_row=1"]
+    env = {"LLDS_FAULT_POISON_GROUPS": gs[0].group_id}
+    for attempt in (1, 2):
+        proc = start_trainer(
+            tiny_model_dir, redis_url, tmp_path, steps=1, port=free_port(), extra=extra, env=env
+        )
+        assert proc.wait(240) == 1, (tmp_path / "trainer.log").read_text()[-3000:]
+        assert r.hgetall(streams.DEFAULT_KEYS.entry_failures) == {ids[0].encode(): str(attempt).encode(),
+                                                                 ids[1].encode(): str(attempt).encode()}  # fmt: skip
+    assert (
+        "training step 1 failed (1 steps in a row failed): InjectedFailure"
+        in (tmp_path / "trainer.log").read_text()
+    )
+    proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=1, port=free_port(), extra=extra, env=env)
+    assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    assert [(e, why) for e, why, _ in _dead_letters(r)] == [(ids[0], "failed"), (ids[1], "failed")]
+    state = json.loads(next((tmp_path / "run" / "checkpoints").iterdir()).joinpath("state.json").read_text())
+    assert state["consumed"] == [gs[2].group_id, gs[3].group_id]
 
 
 def test_dynamic_sampling_skips_uniform_groups_and_fills_the_step(

@@ -61,6 +61,8 @@ PANELS: tuple[Panel, ...] = (
           ("llds_trainer_stream_length_entries", "llds_trainer_consumer_lag_entries", "llds_rollout_redis_buffer_groups"), "System"),
     Panel("staleness", "Groups dropped (stale)", M,
           ("rate:llds_rollout_stale_groups_dropped_total", "rate:llds_trainer_groups_dropped_total"), "System", "/s"),
+    Panel("dead_letter", "Entries set aside (dead-letter stream) and failed step attempts, per step", H,
+          (K.DATA_DEAD_LETTERED, K.DATA_FAILED_ATTEMPTS), "System"),
     Panel("tokens", "Tokens/s (generated, trained)", M,
           ("rate:llds_rollout_generated_tokens_total", "llds_trainer_train_tokens_per_second"), "System", "/s"),
     Panel("trajectories", "Trajectories/s (generated, trained)", M,

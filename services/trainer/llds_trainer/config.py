@@ -329,6 +329,13 @@ class TrainerConfig(ServiceSettings):
     """Drop a group whose oldest token is more than K real updates (lineage distance) behind the trainer."""
 
     # ---------------------------------------------------------------- queue
+    max_entry_failures: int = Field(default=2, ge=1)
+    """Set a stream entry aside (the run's dead-letter stream) once it has made this many training
+    steps raise: alone when a failed step's groups are each checked by themselves, or with its whole
+    step when no single group is to blame. Counted in Redis, so a crash loop ends too."""
+    max_failed_steps_in_row: int = Field(default=8, ge=1)
+    """Stop with the error once this many training steps in a row have raised: a failure that every
+    batch meets is a fault of the trainer, not of the data, and must not eat the stream."""
     claim_idle_ms: int = Field(default=60_000, ge=1)
     """Reclaim another consumer's pending group after it sat unacknowledged this long (XAUTOCLAIM)."""
     read_block_ms: int = Field(default=1000, ge=1)

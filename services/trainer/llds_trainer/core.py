@@ -40,6 +40,7 @@ from llds_trainer.batch import Sample, collate, response_slice, samples_from_gro
 from llds_trainer.config import TrainerConfig
 from llds_trainer.correction import CorrectionOut, apply_mask, build_correction, ratio_quantiles
 from llds_trainer.dist import DistContext
+from llds_trainer.faults import raise_for_groups
 from llds_trainer.lineage import Lineage
 from llds_trainer.lld import AlarmAction, LLDMonitor
 from llds_trainer.loss import answer_weight
@@ -188,6 +189,9 @@ class Trainer:
             foreach=None if fused else True,
         )
         self.state = TrainState(window=cfg.consumed_window_steps)
+        self.updates_this_step = 0
+        """Optimizer updates the current (or last) step applied: after a step raised, whether the
+        weights may have moved."""
         self.monitor = LLDMonitor.from_config(cfg.lld)
         self.alarm_action = AlarmAction.from_config(cfg.lld.alarm, configured_lambda(cfg))
         self.objective = Objective.from_config(cfg, self.alarm_action.lam)
@@ -332,6 +336,7 @@ class Trainer:
                     skipped += 1
                 elif math.isfinite(norm):
                     self.optimizer.step()
+                    self.updates_this_step += 1
                 else:
                     nonfinite += 1
                     log.warning("step %d: non-finite gradient norm, update skipped", step + 1)
@@ -376,12 +381,33 @@ class Trainer:
                 out[i] = scored[k]
         return out
 
+    def _samples(self, groups: Sequence[TrajectoryGroup]) -> list[Sample]:
+        raise_for_groups([g.group_id for g in groups])
+        return samples_from_groups(groups, overlong_filter=self.cfg.overlong_filter)
+
+    def check_group(self, group: TrajectoryGroup) -> str | None:
+        """Why ``group`` alone fails a forward and backward pass of the policy (None: it passes). The
+        service asks this of each group of a step that raised, to find the entries to blame; the
+        gradients are thrown away and the weights and the optimizer's state are not touched."""
+        try:
+            samples = self._samples([group])
+            self.model.train()
+            for idx in self.scorer.micro_batches(range(len(samples))):
+                mb = collate([samples[i] for i in idx], idx, self.pad_id).to(self.device)
+                self.scorer.logp(self.model, mb, False)[0].sum().backward()
+            return None
+        except Exception as e:  # what failed is the answer
+            return f"{type(e).__name__}: {e}"
+        finally:
+            self.optimizer.zero_grad(set_to_none=True)
+
     # ------------------------------------------------------------------ the step
     def train_step(self, groups: Sequence[TrajectoryGroup]) -> dict[str, Any]:
         """One RL step on ``groups``; returns the step's log record (slash-namespaced keys)."""
         t0 = time.perf_counter()
         cfg = self.cfg
-        samples = samples_from_groups(groups, overlong_filter=cfg.overlong_filter)
+        self.updates_this_step = 0
+        samples = self._samples(groups)
         if not samples or not any(s.n_loss_tokens for s in samples):
             raise TrainerError(
                 "a step needs at least one trajectory with loss tokens"

@@ -53,6 +53,15 @@ class TrainerMetrics:
         self.dropped = Counter(
             "llds_trainer_groups_dropped_total", "Groups dropped unused, by reason.", ["reason"], registry=r
         )
+        self.dead_lettered = Counter(
+            "llds_trainer_dead_lettered_total",
+            "Stream entries set aside in the run's dead-letter stream, by reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.failed_steps = Counter(
+            "llds_trainer_failed_steps_total", "Training steps that raised and were retried.", registry=r
+        )
         self.notify_failures = Counter(
             "llds_trainer_notify_failures_total", "Failed weight-update notices.", registry=r
         )

@@ -2,7 +2,8 @@
 
 Delivery guarantee (with :class:`llds_trainer.service.TrainerService`): an entry is acknowledged
 only after a durable checkpoint includes the optimizer step that used it (or after it was dropped on
-purpose: undecodable, stale, or already in the checkpoint's consumed set). Unacknowledged entries stay
+purpose: stale, or already in the checkpoint's consumed set, or set aside as poison into the run's
+dead-letter stream: undecodable, or failing the training step too often). Unacknowledged entries stay
 in the pending list of the consumer that read them; a restarted trainer with the same consumer name
 first re-reads its own pending entries (ID ``0``), and entries of consumers idle for longer than
 ``claim_idle_ms`` are taken over with ``XAUTOCLAIM``. Together with the consumed ids in every
@@ -24,7 +25,7 @@ import redis
 
 from llds_proto.codec import CodecError, decode_group
 from llds_proto.messages import TrajectoryGroup
-from llds_proto.streams import DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP
+from llds_proto.streams import DEAD_LETTER_MAXLEN, DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP
 
 log = logging.getLogger("llds.trainer.queue")
 
@@ -36,6 +37,8 @@ class Entry:
     entry_id: str
     group: TrajectoryGroup | None
     error: str | None = None
+    raw: bytes | None = None
+    """The entry's ``group`` field as stored (what the dead-letter stream keeps)."""
 
 
 class StreamQueue:
@@ -50,8 +53,12 @@ class StreamQueue:
         block_ms: int = 1000,
         stream: str = DEFAULT_KEYS.stream,
         group: str = TRAINER_GROUP,
+        dead_letter: str = DEFAULT_KEYS.dead_letter,
+        failures: str = DEFAULT_KEYS.entry_failures,
     ):
         self.r = client
+        self.dead_letter_stream = dead_letter
+        self.failures = failures
         self.consumer = consumer
         self.claim_idle_ms = claim_idle_ms
         self.block_ms = block_ms
@@ -82,9 +89,9 @@ class StreamQueue:
                 out.append(Entry(eid, None, "entry has no 'group' field (deleted or foreign)"))
                 continue
             try:
-                out.append(Entry(eid, decode_group(data)))
+                out.append(Entry(eid, decode_group(data), raw=data))
             except CodecError as e:
-                out.append(Entry(eid, None, str(e)))
+                out.append(Entry(eid, None, str(e), raw=data))
         return out
 
     def _read_own_pending(self, n: int) -> list[Entry]:
@@ -135,10 +142,42 @@ class StreamQueue:
         pipe = self.r.pipeline(transaction=True)
         if entry_ids:
             pipe.xack(self.stream, self.group, *entry_ids)
+            pipe.hdel(self.failures, *entry_ids)
         if also_set is not None:
             pipe.set(*also_set)
         pipe.execute()
         self.held.difference_update(entry_ids)
+
+    def set_aside(self, entry: Entry, reason: str, error: str) -> str:
+        """Move ``entry`` to the dead-letter stream (its bytes, why) and acknowledge it, in one
+        MULTI/EXEC: a crash leaves it either pending here or set aside there, never lost. Returns the
+        dead-letter entry's id."""
+        pipe = self.r.pipeline(transaction=True)
+        pipe.xadd(
+            self.dead_letter_stream,
+            {"entry": entry.entry_id, "reason": reason, "error": error[:2000], GROUP_FIELD: entry.raw or b""},
+            maxlen=DEAD_LETTER_MAXLEN,
+            approximate=True,
+        )
+        pipe.xack(self.stream, self.group, entry.entry_id)
+        pipe.hdel(self.failures, entry.entry_id)
+        dead_id = pipe.execute()[0]
+        self.held.discard(entry.entry_id)
+        return dead_id.decode() if isinstance(dead_id, bytes) else str(dead_id)
+
+    def count_failure(self, entry_ids: list[str]) -> list[int]:
+        """One more failed training step for each entry; returns each one's count so far (kept in Redis,
+        so a crash loop ends: a restarted trainer sets an entry aside once it has failed enough)."""
+        if not entry_ids:
+            return []
+        pipe = self.r.pipeline(transaction=True)
+        for eid in entry_ids:
+            pipe.hincrby(self.failures, eid, 1)
+        return [int(n) for n in pipe.execute()]
+
+    def failure_count(self, entry_id: str) -> int:
+        n = self.r.hget(self.failures, entry_id)
+        return int(n) if n is not None else 0
 
     def release(self, entries: list[Entry]) -> None:
         """Forget entries fetched but not used (shutdown); they stay pending for the next run."""

@@ -46,6 +46,12 @@ from llds_trainer.metrics import TrainerMetrics
 log = logging.getLogger("llds.trainer")
 
 TRAIN_LOG = "train_log.jsonl"
+POISON_TEXT = {
+    "invalid": "undecodable",
+    "out_of_vocab": "a token id outside the policy's vocabulary",
+    "too_long": "a sequence longer than the policy's positions",
+    "failed": "it made {n} training steps fail (counted across restarts)",
+}
 CONFIG_FILE = "trainer_config.toml"
 
 
@@ -131,10 +137,17 @@ class TrainerService:
         self.redis: Any = None
         self.tokenizer: Any = None
         self._unacked: list[str] = []
+        """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
         self.start_digest: str | None = None
         self._uniform_skipped = 0
         """Groups skipped by dynamic sampling while the current step's batch was read."""
-        """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
+        self._batch: list[Any] = []
+        """Rank 0: the queue entries of the batch being trained (what a failed step blames)."""
+        self._carry: list[Any] = []
+        """Rank 0: entries of a failed step not set aside, trained first by the next attempt."""
+        self._dead_lettered = 0
+        self._failed_attempts = 0
+        self._failed_in_row = 0
         self._prev_timings: dict[str, float | None] = {
             K.PERF_PREV_CHECKPOINT_S: None, K.PERF_PREV_PUBLISH_S: None, K.PERF_PREV_NOTIFY_S: None}  # fmt: skip
         """Checkpoint, publish and notify times of the step before, for the next step's record."""
@@ -177,6 +190,8 @@ class TrainerService:
                 claim_idle_ms=self.cfg.claim_idle_ms,
                 block_ms=self.cfg.read_block_ms,
                 stream=self.keys.stream,
+                dead_letter=self.keys.dead_letter,
+                failures=self.keys.entry_failures,
             )
             self.queue.ensure_group()
             if self.cfg.threads_while_sampling >= 0 and self.trainer.device.type == "cpu":
@@ -288,7 +303,12 @@ class TrainerService:
             step = st.step + 1
             failpoint("after_fetch", step)
             wait_s = time.perf_counter() - t_wait
-            rec = self.trainer.train_step(groups)
+            try:
+                rec = self.trainer.train_step(groups)
+            except Exception as err:
+                self._step_failed(step, err)  # raises unless the batch can be tried again
+                continue
+            self._failed_in_row = 0
             rec[K.PERF_WAIT_S] = wait_s
             rec.update(self._prev_timings)
             self._prev_timings = {
@@ -296,6 +316,8 @@ class TrainerService:
                 K.PERF_PREV_PUBLISH_S: 0.0,
                 K.PERF_PREV_NOTIFY_S: 0.0,
             }
+            rec[K.DATA_DEAD_LETTERED], self._dead_lettered = self._dead_lettered, 0
+            rec[K.DATA_FAILED_ATTEMPTS], self._failed_attempts = self._failed_attempts, 0
             if self.cfg.dynamic_sampling:
                 n, self._uniform_skipped = self._uniform_skipped, 0
                 rec[K.DATA_UNIFORM_SKIPPED] = n
@@ -433,13 +455,15 @@ class TrainerService:
         want = self.cfg.groups_per_step
         groups: list[TrajectoryGroup] = []
         ids: list[str] = []
+        self._batch = []
         seen: set[str] = set()
         uniform_run = 0
         while len(groups) < want:
             if self.stop_event.is_set():
                 self.queue.release([])
                 return None, []
-            for e in self.queue.fetch(want - len(groups), self.stop_event.is_set):
+            carried, self._carry = self._carry[: want - len(groups)], self._carry[want - len(groups) :]
+            for e in carried or self.queue.fetch(want - len(groups), self.stop_event.is_set):
                 reason = self._drop_reason(e, seen)
                 if reason is not None:
                     self.metrics.dropped.labels(reason=reason).inc()
@@ -449,6 +473,11 @@ class TrainerService:
                         e.group.group_id if e.group else "-",
                         reason if e.error is None else e.error,
                     )
+                    if reason in streams.POISON_REASONS:
+                        self._set_aside(
+                            e, reason, e.error or POISON_TEXT[reason].format(n=self.cfg.max_entry_failures)
+                        )
+                        continue
                     self.queue.ack([e.entry_id])
                     if reason == "uniform":
                         assert e.group is not None  # only a decoded group has rewards to compare
@@ -468,7 +497,61 @@ class TrainerService:
                 seen.add(e.group.group_id)
                 groups.append(e.group)
                 ids.append(e.entry_id)
+                self._batch.append(e)
         return groups, ids
+
+    def _set_aside(self, e: Any, reason: str, error: str) -> None:
+        """Rank 0: ``e`` to the run's dead-letter stream (acknowledged here in the same transaction)."""
+        dead = self.queue.set_aside(e, reason, error)
+        self.metrics.dead_lettered.labels(reason=reason).inc()
+        self._dead_lettered += 1
+        log.error(
+            "entry %s (%s) set aside as %s in %s (%s): %s",
+            e.entry_id, e.group.group_id if e.group else "-", dead, self.keys.dead_letter, reason, error,
+        )  # fmt: skip
+
+    def _step_failed(self, step: int, err: Exception) -> None:
+        """A training step raised. With one rank and no optimizer update applied yet (the weights and
+        the optimizer's state are as before the step), find the entries to blame (each group alone
+        through a forward and backward; all of them when none fails alone), count a failure for each,
+        set aside those that reached ``max_entry_failures`` and try the step again with the others.
+        Otherwise (or after ``max_failed_steps_in_row`` failed attempts) count a failure for every
+        entry of the step and raise: the restarted trainer resumes from its checkpoint, and the counts
+        in Redis end a crash loop."""
+        tr = self.trainer
+        self.metrics.failed_steps.inc()
+        self._failed_attempts += 1
+        self._failed_in_row += 1
+        batch, self._batch = self._batch, []
+        log.error(
+            "step %d failed (attempt %d in a row): %s: %s", step, self._failed_in_row, type(err).__name__, err
+        )
+        moved = tr.updates_this_step > 0
+        if tr.dist.world_size != 1 or moved or self._failed_in_row >= self.cfg.max_failed_steps_in_row:
+            if tr.dist.is_main:
+                self.queue.count_failure([e.entry_id for e in batch])
+            why = ("the weights moved before it failed" if moved else
+                   f"{self._failed_in_row} steps in a row failed" if tr.dist.world_size == 1 else
+                   "several ranks")  # fmt: skip
+            raise RuntimeError(f"training step {step} failed ({why}): {type(err).__name__}: {err}") from err
+        tr.optimizer.zero_grad(set_to_none=True)
+        alone = {e.entry_id: tr.check_group(e.group) for e in batch}
+        blamed = [e for e in batch if alone[e.entry_id]] or batch
+        counts = dict(
+            zip(
+                (e.entry_id for e in blamed),
+                self.queue.count_failure([e.entry_id for e in blamed]),
+                strict=True,
+            )
+        )
+        for e in batch:
+            n = counts.get(e.entry_id, 0)
+            if n >= self.cfg.max_entry_failures:
+                why = alone[e.entry_id] or f"its step failed {n} times: {type(err).__name__}: {err}"
+                self.metrics.dropped.labels(reason="failed").inc()
+                self._set_aside(e, "failed", why)
+            else:
+                self._carry.append(e)
 
     def _limits(self) -> tuple[int, int | None]:
         """Token ids the policy can embed (its input embedding rows) and the longest sequence its
@@ -484,6 +567,8 @@ class TrainerService:
     def _drop_reason(self, e: Any, seen: set[str]) -> str | None:
         if e.group is None:
             return "invalid"
+        if self.queue.failure_count(e.entry_id) >= self.cfg.max_entry_failures:
+            return "failed"
         g = e.group
         st = self.trainer.state
         if g.run_id and g.run_id != self.cfg.run_id:
