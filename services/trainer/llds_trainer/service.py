@@ -505,7 +505,7 @@ class TrainerService:
         dead = self.queue.set_aside(e, reason, error)
         self.metrics.dead_lettered.labels(reason=reason).inc()
         self._dead_lettered += 1
-        log.error(
+        log.warning(
             "entry %s (%s) set aside as %s in %s (%s): %s",
             e.entry_id, e.group.group_id if e.group else "-", dead, self.keys.dead_letter, reason, error,
         )  # fmt: skip
@@ -523,7 +523,7 @@ class TrainerService:
         self._failed_attempts += 1
         self._failed_in_row += 1
         batch, self._batch = self._batch, []
-        log.error(
+        log.warning(
             "step %d failed (attempt %d in a row): %s: %s", step, self._failed_in_row, type(err).__name__, err
         )
         moved = tr.updates_this_step > 0
