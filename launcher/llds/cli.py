@@ -159,6 +159,11 @@ def main(argv: list[str] | None = None) -> int:
     if argv is None:  # a real command line (not a call from Python): may switch interpreter
         argv = sys.argv[1:]
         _maybe_reexec(argv)
+        from llds_server import lifeline
+
+        # A child of `llds up` ends with it (the variable is not passed on to its own children).
+        lifeline.install(" ".join(argv[:2]) or "llds")
+        os.environ.pop(lifeline.ENV, None)
     func, rest = resolve(argv)
     try:
         return int(func(rest) or 0)

@@ -7,8 +7,11 @@ acknowledged stream entries survive a server restart.
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
+import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +24,17 @@ __all__ = ["RedisServer", "RedisServerError", "free_port", "server_binary"]
 
 class RedisServerError(RuntimeError):
     """The server binary is missing or did not come up; the message carries its log tail."""
+
+
+_PR_SET_PDEATHSIG = 1
+_prctl = getattr(ctypes.CDLL(None, use_errno=True), "prctl", None) if sys.platform == "linux" else None
+
+
+def _die_with_parent() -> None:
+    """In the forked child before exec: the kernel sends SIGTERM when the thread that started it
+    ends (llds up starts and restarts Redis from its main thread). Elsewhere than Linux: nothing."""
+    if _prctl is not None:
+        _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def server_binary() -> Path:
@@ -75,7 +89,10 @@ class RedisServer:
         ]  # fmt: skip
         if self.password:
             args += ["--requirepass", self.password]
-        self.proc = subprocess.Popen(args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL)
+        # SIGTERM (an AOF flush and a clean exit) when the process that started it dies, however it dies.
+        self.proc = subprocess.Popen(
+            args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent
+        )
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:

@@ -20,6 +20,37 @@ from pathlib import Path
 import httpx
 
 from llds_proto.exits import EXIT_FAILED
+from llds_server.lifeline import ENV as LIFELINE_ENV
+
+
+def port_holder(host: str, port: int) -> str | None:
+    """None when ``host:port`` can be listened on; else who holds it ("pid N: its command line"),
+    as far as this user can see."""
+    import errno
+    import socket
+
+    import psutil
+
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: TIME_WAIT is no holder
+        try:
+            s.bind((host, port))
+            return None
+        except OSError as e:
+            if e.errno != errno.EADDRINUSE:
+                raise
+    try:
+        conns = psutil.net_connections(kind="inet")
+    except psutil.AccessDenied:
+        conns = []
+    for c in conns:
+        if c.laddr and c.laddr.port == port and c.status == psutil.CONN_LISTEN and c.pid:
+            try:
+                cmd = " ".join(psutil.Process(c.pid).cmdline())
+            except psutil.Error:
+                cmd = "?"
+            return f"pid {c.pid}: {cmd[:300]}"
+    return "a process this user cannot see"
 
 
 class ChildFailed(RuntimeError):
@@ -71,7 +102,8 @@ class Child:
         inherited = {
             k: v for k, v in os.environ.items() if not (self.clear_env and k.startswith(self.clear_env))
         }
-        env = {**inherited, "PYTHONUNBUFFERED": "1", **self.env}
+        # The child ends when this process does, however it ends (llds_server.lifeline).
+        env = {**inherited, "PYTHONUNBUFFERED": "1", LIFELINE_ENV: str(os.getpid()), **self.env}
         self.proc = subprocess.Popen(
             self.argv,
             stdin=subprocess.DEVNULL,

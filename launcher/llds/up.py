@@ -101,6 +101,12 @@ class UpConfig(ServiceSettings):
     """Torch threads of the trainer process."""
     health_timeout_s: float = Field(default=300.0, gt=0)
     """How long each service may take to become healthy."""
+    stall_timeout_s: float = Field(default=1800.0, ge=0)
+    """Watchdog: a child alive but making no progress this long is named, with its log, and restarted
+    (``restart_on_failure``) or the run exits non-zero. No progress: its ``/health`` not answering 200;
+    while training, the trainer busy (starting or training) without logging a step, or the trainer
+    waiting for groups while no group reaches the stream and the rollout finishes no episode. 0: no
+    watchdog."""
     restart_on_failure: bool = False
     """Restart a child that dies (the trainer resumes from its checkpoint) instead of stopping."""
     max_restarts: int = Field(default=3, ge=0)
@@ -251,6 +257,8 @@ class Up:
         self.paths: dict[str, Path] = {}
         self.token = os.environ.get("LLDS_ADMIN_TOKEN") or secrets.token_urlsafe(24)
         check_not_placeholder("LLDS_ADMIN_TOKEN", self.token)
+        self._watch: dict[str, float] = {}
+        """Watchdog state: the monotonic time of each child's last sign of life, and of the run's."""
         self.ports = {
             "retriever": _port(cfg.retriever_port),
             "rollout": _port(cfg.rollout_port),
@@ -267,6 +275,25 @@ class Up:
             raise ConfigError(
                 f"{self.run_dir} already holds run {read_run_id(self.run_dir)}: continue it with "
                 f"`llds up --resume {self.run_dir}`, or pass another --run-dir"
+            )
+
+    def check_ports(self) -> None:
+        """Every port this run listens on is free; a held one is named with the process holding it
+        (a child of an earlier run that outlived its launcher, say) instead of a child failing later
+        on "address already in use"."""
+        from llds.supervisor import port_holder
+
+        cfg = self.cfg
+        wanted = [(name, port) for name, port in self.ports.items() if name != "dashboard" or cfg.dashboard]
+        if not cfg.redis_url and cfg.redis_port:
+            wanted.append(("redis", cfg.redis_port))
+        held = [(name, port, who) for name, port in wanted if (who := port_holder(cfg.host, port))]
+        if held:
+            lines = [f"  {name} port {port} is held by {who}" for name, port, who in held]
+            raise ConfigError(
+                "ports in use:\n" + "\n".join(lines) + "\nstop what holds them (a process of an earlier "
+                "run?) or pass other ports (--retriever-port, --rollout-port, --trainer-port, "
+                "--dashboard-port, --redis-port; 0 picks a free one)"
             )
 
     # ------------------------------------------------------------------ assets
@@ -462,6 +489,91 @@ class Up:
                 continue
             self._child_died(child)
 
+    def watch(self, trainer_status: dict[str, object] | None = None, poll_s: float = 5.0) -> None:
+        """The watchdog (``stall_timeout_s``); ``trainer_status`` (the trainer's ``/status``) while
+        training, None after. Rate-limited to one look every ``poll_s``."""
+        limit = self.cfg.stall_timeout_s
+        now = time.monotonic()
+        if not limit or now - self._watch.get("@look", 0.0) < poll_s:
+            return
+        self._watch["@look"] = now
+        w = self._watch
+        with httpx.Client(timeout=5.0) as client:
+            for child in self.children:
+                if not child.running():
+                    continue  # check() deals with the dead
+                try:
+                    ok = client.get(f"{self.url(child.name)}/health").status_code == 200
+                except httpx.HTTPError:
+                    ok = False
+                if ok or child.name not in w:
+                    w[child.name] = now
+                elif now - w[child.name] > limit:
+                    self._stalled(child, f"its /health has not answered 200 for {now - w[child.name]:.0f} s")
+                    return  # restarted: the clocks start again at the next look
+        if trainer_status is None:
+            return
+        step, added, tokens = self.logged_step(), self._groups_added(), self._rollout_tokens()
+        if w.get("@step") != step or "@step_t" not in w:
+            w["@step"], w["@step_t"] = step, now
+        if added is None or (w.get("@added"), w.get("@tokens")) != (added, tokens) or "@added_t" not in w:
+            w["@added"], w["@tokens"], w["@added_t"] = float(added or 0), tokens, now
+        state = str(trainer_status.get("state"))
+        quiet_step, quiet_group = now - w["@step_t"], now - w["@added_t"]
+        by_name = {c.name: c for c in self.children}
+        # (a restart in _stalled takes minutes: the clocks start again at the next look)
+        if state in ("starting", "training") and quiet_step > limit:
+            self._stalled(by_name["trainer"], f"no step logged for {quiet_step:.0f} s while {state}")
+        elif state == "waiting" and min(quiet_step, quiet_group) > limit:
+            self._stalled(by_name["rollout"], f"no group reached the stream and no episode finished for "
+                                              f"{quiet_group:.0f} s while the trainer waits for groups")  # fmt: skip
+
+    def _rollout_tokens(self) -> float:
+        """The rollout's generated-token counter (counted as each episode finishes); -1 unreadable."""
+        try:
+            text = httpx.get(f"{self.url('rollout')}/metrics", timeout=5.0).text
+        except httpx.HTTPError:
+            return -1.0
+        return sum(
+            float(line.rsplit(" ", 1)[1])
+            for line in text.splitlines()
+            if line.startswith("llds_rollout_generated_tokens_total")
+        )
+
+    def _groups_added(self) -> int | None:
+        """Entries ever added to the run's trajectory stream (None: Redis unreachable)."""
+        import redis as redis_lib
+
+        from llds_proto.streams import RunKeys
+
+        try:
+            client = redis_lib.Redis.from_url(self.redis_url, socket_timeout=5)
+            try:
+                info = client.xinfo_stream(RunKeys(self.run_id).stream)
+            finally:
+                client.close()
+        except redis_lib.ResponseError:
+            return 0  # no stream yet
+        except redis_lib.RedisError:
+            return None
+        return int(info.get("entries-added") or 0)
+
+    def _stalled(self, child: Child, why: str) -> None:
+        from llds.supervisor import ChildFailed
+
+        tail = "\n".join(f"  {line}" for line in list(child.tail)[-20:])
+        msg = f"{child.name} stalled (pid {child.pid}): {why}; log {child.log_path}" + (
+            f"\n{tail}" if tail else ""
+        )
+        for k in (child.name, "@step_t", "@added_t", "@look"):
+            self._watch.pop(k, None)  # a restarted child gets the whole time again
+        if not self._may_restart(child.restarts):
+            raise ChildFailed(msg + self._no_restart_note(child.restarts))
+        print(msg + "\nkilling it (SIGKILL of its process group)", flush=True)
+        child.signal_group(signal.SIGKILL)
+        child.proc.wait(30)  # type: ignore[union-attr]
+        self._child_died(child)
+
     def _may_restart(self, used: int) -> bool:
         return self.cfg.restart_on_failure and used < self.cfg.max_restarts
 
@@ -534,8 +646,10 @@ class Up:
                     try:
                         status = client.get(f"{self.url('trainer')}/status").json()
                     except (httpx.HTTPError, ValueError):
+                        self.watch({"state": "starting"})  # not answering: its /health says the rest
                         time.sleep(1.0)
                         continue
+                    self.watch(status)
                     if on_status is not None:
                         on_status(status)
                     if self.cfg.steps and int(str(status.get("step") or 0)) >= self.cfg.steps:
@@ -550,6 +664,7 @@ class Up:
         """After training: keep serving /answer until Ctrl-C, still watching every child."""
         while True:
             self.check()
+            self.watch()
             time.sleep(1.0)
 
     def pause_production(self) -> None:
@@ -668,6 +783,7 @@ def main(argv: list[str] | None = None) -> int:
             # Its trainer would exit at once, before it ever answers /health: nothing to start.
             print(f"{up.run_dir} has trained its {cfg.steps} steps already: nothing to do", flush=True)
             return 0
+        up.check_ports()
         print(f"rollout engine: {up.check_engine()}", flush=True)
     except ValueError as e:  # ConfigError, or the rollout config failing validation
         print(f"llds up: {e}", file=sys.stderr)

@@ -375,3 +375,82 @@ def test_a_child_does_not_inherit_the_variables_its_config_file_resolved(
     assert c.proc is not None and c.proc.wait(timeout=30) == 0
     time.sleep(0.5)
     assert "['LLDS_OTHER', 'LLDS_TRAINER_REDIS_URL']" in (tmp_path / "t.log").read_text()
+
+
+def _watched(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, **progress: object
+) -> tuple[up.Up, list[float]]:
+    """An Up whose children (sleepers named trainer and rollout) answer /health 200, whose step log,
+    stream and rollout counter read from ``progress`` (mutable), on a clock the test moves."""
+    u = _up(tmp_path, stall_timeout_s=60)
+    u.children = [_child(tmp_path, "trainer"), _child(tmp_path, "rollout")]
+    clock = [1000.0]
+    monkeypatch.setattr(up.time, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(up.httpx.Client, "get", lambda self, url: type("R", (), {"status_code": 200})())
+    monkeypatch.setattr(up.Up, "logged_step", lambda self: progress["step"])
+    monkeypatch.setattr(up.Up, "_groups_added", lambda self: progress["added"])
+    monkeypatch.setattr(up.Up, "_rollout_tokens", lambda self: progress["tokens"])
+    return u, clock
+
+
+def test_watchdog_names_a_trainer_that_trains_without_logging_a_step(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    progress: dict[str, object] = {"step": 3, "added": 10, "tokens": 500.0}
+    u, clock = _watched(tmp_path, monkeypatch, **progress)
+    monkeypatch.setattr(up.Up, "logged_step", lambda self: progress["step"])
+    try:
+        for t in range(0, 121, 10):  # steps keep coming: never stalled
+            clock[0] = 1000.0 + t
+            progress["step"] = 3 + t // 30
+            u.watch({"state": "training"})
+        for t in range(130, 181, 10):  # the step count stops; the limit is 60 s
+            clock[0] = 1000.0 + t
+            u.watch({"state": "training"})
+        clock[0] = 1000.0 + 195
+        with pytest.raises(ChildFailed) as e:
+            u.watch({"state": "training"})
+        msg = str(e.value)
+        assert (
+            msg.startswith("trainer stalled (pid ") and "no step logged for 7" in msg and "trainer.log" in msg
+        ), msg
+        assert "--restart-on-failure" in msg
+    finally:
+        for c in u.children:
+            c.stop(timeout_s=5)
+
+
+def test_watchdog_blames_the_rollout_only_when_it_produces_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    progress: dict[str, object] = {"step": 3, "added": 10, "tokens": 500.0}
+    u, clock = _watched(tmp_path, monkeypatch, **progress)
+    monkeypatch.setattr(up.Up, "_rollout_tokens", lambda self: progress["tokens"])
+    try:
+        for t in range(0, 301, 10):  # no group yet, but episodes finish: generating slowly is progress
+            clock[0] = 1000.0 + t
+            progress["tokens"] = 500.0 + t
+            u.watch({"state": "waiting"})
+        for t in range(310, 361, 10):  # nothing at all any more (the limit is 60 s)
+            clock[0] = 1000.0 + t
+            u.watch({"state": "waiting"})
+        clock[0] = 1000.0 + 375
+        with pytest.raises(ChildFailed) as e:
+            u.watch({"state": "waiting"})
+        assert str(e.value).startswith("rollout stalled (pid "), str(e.value)
+        assert "no group reached the stream and no episode finished for 75 s" in str(e.value)
+    finally:
+        for c in u.children:
+            c.stop(timeout_s=5)
+
+
+def test_watchdog_off_with_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    u, clock = _watched(tmp_path, monkeypatch, step=1, added=0, tokens=0.0)
+    u.cfg = u.cfg.model_copy(update={"stall_timeout_s": 0})
+    try:
+        for t in range(0, 10_000, 100):
+            clock[0] = 1000.0 + t
+            u.watch({"state": "training"})
+    finally:
+        for c in u.children:
+            c.stop(timeout_s=5)
