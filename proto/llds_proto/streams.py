@@ -75,6 +75,13 @@ class RunKeys:
         return f"llds:{self.run_id}:rollout:replicas"
 
     @property
+    def heartbeats(self) -> str:
+        """Sorted set: rollout replica name -> unix time of its last heartbeat. The trainer prunes a
+        registry entry whose heartbeat is older than its ``replica_ttl_s`` (a replica that died
+        without deregistering); an entry with no heartbeat at all (added by hand) is left alone."""
+        return f"llds:{self.run_id}:rollout:heartbeats"
+
+    @property
     def in_flight(self) -> str:
         """Hash: rollout replica name -> groups it is sampling now (admission across replicas)."""
         return f"llds:{self.run_id}:rollout:in_flight"

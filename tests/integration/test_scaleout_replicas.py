@@ -1,7 +1,10 @@
-"""Scale-out: two rollout replicas register themselves in Redis and both receive every weight update.
+"""Scale-out: two rollout replicas register themselves in Redis and both receive weight updates;
+the registry heals when one dies.
 
 Two real rollout processes (tiny model) and one real trainer process share a real Redis server and a
-weights root; after the trainer's 2 steps both replicas serve version 2.
+weights root. Once both serve version 1, replica-1 is killed with SIGKILL (no deregistration): the
+trainer prunes it when its heartbeat is older than ``replica_ttl_s``, training goes on, and
+replica-0 gets every version up to the last.
 """
 
 from __future__ import annotations
@@ -51,7 +54,10 @@ def _wait(url: str, cond, timeout: float, procs: list[subprocess.Popen[bytes]]) 
     raise AssertionError(f"timed out waiting on {url}")
 
 
-def test_two_rollout_replicas_both_receive_every_update(
+STEPS = 8
+
+
+def test_two_rollout_replicas_receive_updates_and_a_dead_one_is_pruned(
     tiny_model_dir: Path, redis_url: str, tmp_path: Path
 ) -> None:
     world, index = ensure_world(0), ensure_world_index(0)
@@ -77,7 +83,8 @@ def test_two_rollout_replicas_both_receive_every_update(
                      "--redis-url", redis_url, "--dataset", str(world / "train.jsonl"),
                      "--weights-root", str(weights), "--port", str(port)],
                     tmp_path / f"rollout{i}.log",
-                    {"LLDS_ROLLOUT_REPLICA_NAME": f"replica-{i}", "LLDS_ROLLOUT_PUBLIC_URL": urls[-1]},
+                    {"LLDS_ROLLOUT_REPLICA_NAME": f"replica-{i}", "LLDS_ROLLOUT_PUBLIC_URL": urls[-1],
+                     "LLDS_ROLLOUT_HEARTBEAT_S": "0.5"},
                 )
             )  # fmt: skip
         for u in urls:
@@ -93,17 +100,36 @@ def test_two_rollout_replicas_both_receive_every_update(
             _spawn(
                 ["trainer", "run", "--config", str(ROOT / "configs" / "trainer_tiny.toml"),
                  "--model", str(tiny_model_dir), "--redis-url", redis_url, "--run-dir", str(tmp_path / "run"),
-                 "--weights-root", str(weights), "--steps", "2", "--port", str(tport)],
+                 "--weights-root", str(weights), "--steps", str(STEPS), "--port", str(tport),
+                 "--set", "replica_ttl_s=3"],
                 tmp_path / "trainer.log",
                 {},
             )
         )  # fmt: skip
         for u in urls:
-            body = _wait(f"{u}/health", lambda b: b["detail"].get("weights_version", 0) >= 2, 300, procs[:-1])
-            assert body["detail"]["weights_version"] == 2
+            _wait(f"{u}/health", lambda b: b["detail"].get("weights_version", 0) >= 1, 300, procs)
+        dead = procs.pop(2)  # replica-1
+        os.killpg(dead.pid, 9)
+        dead.wait(30)
+        body = _wait(
+            f"{urls[0]}/health", lambda b: b["detail"].get("weights_version", 0) >= STEPS, 300, procs[:-1]
+        )
+        assert body["detail"]["weights_version"] == STEPS
         log = (tmp_path / "trainer.log").read_text()
-        for u in urls:
-            assert log.count(f"notified {u} of version") == 2, log[-3000:]
+        assert log.count(f"notified {urls[0]} of version") == STEPS, log[-3000:]
+        assert "pruned replica replica-1" in log, log[-3000:]
+        assert r.hgetall(streams.DEFAULT_KEYS.registry) == {"replica-0": urls[0]}
+        assert [n for n, _ in r.zrange(streams.DEFAULT_KEYS.heartbeats, 0, -1, withscores=True)] == [
+            "replica-0"
+        ]
+        # a notice to the dead replica fails at most until the prune, never after it
+        last_fail = (
+            max(i for i, line in enumerate(log.splitlines()) if f"notify {urls[1]}" in line)
+            if f"notify {urls[1]}" in log
+            else -1
+        )
+        prune = next(i for i, line in enumerate(log.splitlines()) if "pruned replica replica-1" in line)
+        assert last_fail < prune
     finally:
         for p in procs:
             if p.poll() is None:

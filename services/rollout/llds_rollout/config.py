@@ -213,6 +213,9 @@ class RolloutSettings(ServiceSettings):
     """Version number of ``model``."""
     replica_name: str = ""
     """Name in the replica registry; default ``rollout-{host}-{port}``."""
+    heartbeat_s: float = Field(default=5.0, gt=0)
+    """How often this replica renews its registry entry and heartbeat (``RunKeys.heartbeats``); the
+    trainer prunes a replica silent for longer than its ``replica_ttl_s``."""
     public_url: str = ""
     """URL the trainer reaches this replica at; default ``http://{host}:{port}``."""
     seed: int = 0

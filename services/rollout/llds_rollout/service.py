@@ -196,14 +196,34 @@ class RolloutService:
         delay = 0.5
         while True:
             try:
-                await self.redis.hset(self.keys.registry, self.name, self.url)
+                await self._beat()
                 log.info("registered replica name=%s url=%s", self.name, redact_url(self.url))
+                self._tasks.append(asyncio.create_task(self._heartbeat()))
                 return
             except RedisError as e:
                 self.metrics.redis_errors.inc()
                 log.warning("replica registration failed retry_in=%.1fs cause=%s", delay, e)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 10.0)
+
+    async def _beat(self) -> None:
+        """Registry entry and heartbeat, together (a replica the trainer pruned while it was slow to
+        beat comes back by itself)."""
+        pipe = self.redis.pipeline(transaction=True)
+        pipe.hset(self.keys.registry, self.name, self.url)
+        pipe.zadd(self.keys.heartbeats, {self.name: time.time()})
+        await pipe.execute()
+
+    async def _heartbeat(self) -> None:
+        from redis.exceptions import RedisError
+
+        while True:
+            await asyncio.sleep(self.settings.heartbeat_s)
+            try:
+                await self._beat()
+            except RedisError as e:
+                self.metrics.redis_errors.inc()
+                log.warning("replica heartbeat failed: %s", e)
 
     async def stop(self) -> None:
         if self.producer is not None:
@@ -216,6 +236,7 @@ class RolloutService:
 
             try:
                 await self.redis.hdel(self.keys.registry, self.name)
+                await self.redis.zrem(self.keys.heartbeats, self.name)
                 await self.producer.clear_in_flight()
             except RedisError as e:
                 log.warning("replica deregistration failed: %s", e)

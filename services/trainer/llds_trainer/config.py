@@ -236,6 +236,9 @@ class TrainerConfig(ServiceSettings):
     """Name in the Redis consumer group; keep it stable across restarts to re-read own pending groups."""
     notify_urls: list[str] = Field(default_factory=list)
     """Rollout base URLs notified of each new version, besides those in ``llds:{run_id}:rollout:replicas``."""
+    replica_ttl_s: float = Field(default=30.0, gt=0)
+    """A registered replica whose heartbeat is older than this is pruned from the registry before a
+    version goes out (it died without deregistering); keep it well above the replicas' ``heartbeat_s``."""
     notify_timeout_s: float = Field(default=30.0, gt=0)
     """Timeout of one ``POST /admin/weights`` (or of one NCCL weight-transfer call to a replica)."""
     weight_sync: Literal["filesystem", "nccl"] = "filesystem"

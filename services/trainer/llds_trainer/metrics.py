@@ -62,6 +62,11 @@ class TrainerMetrics:
         self.failed_steps = Counter(
             "llds_trainer_failed_steps_total", "Training steps that raised and were retried.", registry=r
         )
+        self.replicas_pruned = Counter(
+            "llds_trainer_replicas_pruned_total",
+            "Registered rollout replicas pruned for a stale heartbeat.",
+            registry=r,
+        )
         self.notify_failures = Counter(
             "llds_trainer_notify_failures_total", "Failed weight-update notices.", registry=r
         )

@@ -177,18 +177,24 @@ class NotifyResult:
 def notify_replicas(
     urls: list[str], notice: WeightUpdateNotice, token: str | None, timeout_s: float
 ) -> list[NotifyResult]:
-    """POST the notice to every replica's ``/admin/weights``; failures are returned, not raised."""
+    """POST the notice to every replica's ``/admin/weights``, all at once (one slow or dead replica
+    costs at most ``timeout_s``, not that times the replicas); failures are returned, not raised."""
+    from concurrent.futures import ThreadPoolExecutor
+
     headers = {"Authorization": f"Bearer {token}"} if token else {}
-    out = []
-    with httpx.Client(timeout=timeout_s) as client:
-        for url in urls:
-            target = url.rstrip("/") + "/admin/weights"
-            try:
-                r = client.post(target, json=notice.model_dump(mode="json"), headers=headers)
-                ok = r.status_code == 200
-                out.append(NotifyResult(url, ok, f"HTTP {r.status_code}: {r.text[:200]}"))
-            except httpx.HTTPError as e:
-                out.append(NotifyResult(url, False, f"{type(e).__name__}: {e}"))
+    body = notice.model_dump(mode="json")
+
+    def one(client: httpx.Client, url: str) -> NotifyResult:
+        try:
+            r = client.post(url.rstrip("/") + "/admin/weights", json=body, headers=headers)
+            return NotifyResult(url, r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}")
+        except httpx.HTTPError as e:
+            return NotifyResult(url, False, f"{type(e).__name__}: {e}")
+
+    if not urls:
+        return []
+    with httpx.Client(timeout=timeout_s) as client, ThreadPoolExecutor(min(len(urls), 32)) as pool:
+        out = list(pool.map(lambda u: one(client, u), urls))
     for res in out:
         if res.ok:
             log.info("notified %s of version %d", redact_url(res.url), notice.version)

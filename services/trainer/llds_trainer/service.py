@@ -637,8 +637,7 @@ class TrainerService:
         if version == 0:
             return  # the replicas start from the initial model: nothing to send
         urls = list(self.cfg.notify_urls)
-        for u in self.redis.hgetall(self.keys.registry).values():
-            u = u.decode() if isinstance(u, bytes) else str(u)
+        for u in self._live_replicas():
             if u not in urls:
                 urls.append(u)
         if self.cfg.weight_sync == "nccl":
@@ -661,6 +660,39 @@ class TrainerService:
         for res in results:
             if not res.ok:
                 self.metrics.notify_failures.inc()
+
+    def _live_replicas(self) -> list[str]:
+        """The registered replicas' URLs, after pruning those whose heartbeat is older than
+        ``replica_ttl_s`` (entries with no heartbeat, added by hand, stay)."""
+        from llds_server.settings import redact_url
+
+        pipe = self.redis.pipeline(transaction=False)
+        pipe.hgetall(self.keys.registry)
+        pipe.zrange(self.keys.heartbeats, 0, -1, withscores=True)
+        registry, beats = pipe.execute()
+        now = time.time()
+        dead = {
+            (n.decode() if isinstance(n, bytes) else str(n)): now - t
+            for n, t in beats
+            if now - t > self.cfg.replica_ttl_s
+        }
+        urls = []
+        for name, url in registry.items():
+            name = name.decode() if isinstance(name, bytes) else str(name)
+            url = url.decode() if isinstance(url, bytes) else str(url)
+            if name in dead:
+                pipe = self.redis.pipeline(transaction=True)
+                pipe.hdel(self.keys.registry, name)
+                pipe.zrem(self.keys.heartbeats, name)
+                pipe.execute()
+                self.metrics.replicas_pruned.inc()
+                log.warning(
+                    "pruned replica %s (%s): last heartbeat %.0f s ago (replica_ttl_s %.0f)",
+                    name, redact_url(url), dead[name], self.cfg.replica_ttl_s,
+                )  # fmt: skip
+                continue
+            urls.append(url)
+        return urls
 
     # ------------------------------------------------------------------ status
     def status(self) -> dict[str, Any]:
