@@ -32,6 +32,8 @@ pytestmark = [
 ]
 
 SERVED = "llds-tiny"
+APP: dict[str, Any] = {}
+"""The module's rollout service object (its settings and admission are swapped in some tests)."""
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +60,9 @@ def service(
                 },
             }
         )
-        with BackgroundServer(create_app(settings)) as srv:
+        app = create_app(settings)
+        APP["service"] = app.state.service
+        with BackgroundServer(app) as srv:
             _wait(lambda: httpx.get(f"{srv.url}/health").status_code == 200, 300.0, "vLLM engine load")
             yield srv.url, root, calls, retriever.url
 
@@ -190,3 +194,69 @@ def test_llds_answer_in_process_on_vllm(
     assert code == 0
     out = capsys.readouterr().out
     assert '"weights_version": 0' in out and '"turns"' in out
+
+
+def test_v1_sends_no_cors_headers(service: Any) -> None:
+    """vLLM allows every origin by default; ours allows none: a page in a browser on the host cannot
+    read /v1 answers (nor send a preflighted request)."""
+    url = service[0]
+    origin = {"Origin": "http://evil.example"}
+    r = httpx.get(f"{url}/v1/models", headers=origin, timeout=30)
+    assert r.status_code == 200 and not any(h.startswith("access-control-") for h in r.headers), r.headers
+    pre = httpx.options(f"{url}/v1/completions", timeout=30,
+                        headers={**origin, "Access-Control-Request-Method": "POST",
+                                 "Access-Control-Request-Headers": "content-type"})  # fmt: skip
+    assert "access-control-allow-origin" not in pre.headers, pre.headers
+
+
+def test_v1_needs_the_api_key_when_one_is_set_and_beyond_loopback(service: Any) -> None:
+    url, svc = service[0], APP["service"]
+    body = {"model": SERVED, "prompt": "key", "max_tokens": 2}
+    before = svc.settings
+    try:
+        svc.settings = before.model_copy(update={"api_key": "k-123"})
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 401 and "API key" in r.json()["detail"], r.text
+        r = httpx.post(
+            f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer wrong"}, timeout=60
+        )
+        assert r.status_code == 401
+        r = httpx.post(
+            f"{url}/v1/completions", json=body, headers={"Authorization": "Bearer k-123"}, timeout=60
+        )
+        assert r.status_code == 200, r.text
+        # bound beyond loopback with no key: /v1 is off, and says which setting turns it on
+        svc.settings = before.model_copy(update={"api_key": None, "host": "0.0.0.0"})
+        r = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert r.status_code == 403 and "api_key" in r.json()["detail"], r.text
+    finally:
+        svc.settings = before
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=60).status_code == 200  # loopback, no key
+
+
+def test_v1_shares_the_answer_slots_and_sheds_load_with_503(service: Any) -> None:
+    """With one running slot and none queued, concurrent /v1 requests beyond the first get 503 with
+    Retry-After (counted as rejected answers) while the first completes."""
+    from llds_rollout.answer_admission import AnswerAdmission
+
+    url, svc = service[0], APP["service"]
+    before = svc.answer_admission
+    svc.answer_admission = AnswerAdmission(max_in_flight=1, max_queued=0, retry_after_s=2.0)
+    body = {
+        "model": SERVED,
+        "prompt": "Once upon a time",
+        "max_tokens": 48,
+        "temperature": 0,
+        "ignore_eos": True,
+    }
+    try:
+        with concurrent.futures.ThreadPoolExecutor(6) as pool:
+            rs = list(
+                pool.map(lambda _: httpx.post(f"{url}/v1/completions", json=body, timeout=120), range(6))
+            )
+    finally:
+        svc.answer_admission = before
+    codes = sorted(r.status_code for r in rs)
+    assert codes.count(200) >= 1 and codes.count(503) >= 1, codes
+    busy = next(r for r in rs if r.status_code == 503)
+    assert busy.headers["retry-after"] == "2" and "answer capacity full" in busy.json()["detail"]

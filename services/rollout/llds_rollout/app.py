@@ -37,6 +37,20 @@ from llds_rollout.weights import WeightsError
 from llds_server.http import BodyLimitMiddleware, invalid_request
 
 log = logging.getLogger("llds_rollout.app")
+
+
+def is_loopback(host: str) -> bool:
+    """Whether binding ``host`` keeps a service on this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 # 503s are transient (loading, retriever or engine down): clients should come back, not give up.
 RETRY_AFTER = {"Retry-After": "1"}
 
@@ -52,6 +66,27 @@ class OpenAIRoutes:
         self.app = app
         self.service = service
 
+    def _refused(self, scope: Scope) -> JSONResponse | None:
+        """401 without the configured key; 403 with no key on a host bound beyond loopback."""
+        key = self.service.settings.api_key
+        if not key:
+            if is_loopback(self.service.settings.host):
+                return None
+            return JSONResponse(
+                {"detail": f"/v1 is off on a service bound to {self.service.settings.host}: set api_key "
+                           "(env LLDS_API_KEY) and send it as a bearer token"},
+                status_code=403,
+            )  # fmt: skip
+        given = dict(scope.get("headers") or []).get(b"authorization", b"")
+        scheme, _, token = given.decode("latin-1").partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode()):
+            return None
+        return JSONResponse(
+            {"detail": "missing or wrong API key (Authorization: Bearer <api_key>)"},
+            status_code=401,
+            headers={"WWW-Authenticate": "Bearer"},
+        )
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
             await self.app(scope, receive, send)
@@ -59,7 +94,25 @@ class OpenAIRoutes:
         engine = self.service.settings.engine
         target = self.service.engine.openai_asgi
         if target is not None:
-            await target(scope, receive, send)
+            refused = self._refused(scope)
+            if refused is not None:
+                await refused(scope, receive, send)
+                return
+            # The same slots as /answer: a flood of /v1 requests gets 503s, never the training's CPU.
+            try:
+                ticket = self.service.answer_admission.admit()
+            except AnswerSaturatedError as e:
+                self.service.metrics.answers_rejected.inc()
+                busy = JSONResponse(
+                    {"detail": str(e)}, status_code=503, headers={"Retry-After": f"{e.retry_after_s:g}"}
+                )
+                await busy(scope, receive, send)
+                return
+            try:
+                await ticket.wait()
+                await target(scope, receive, send)
+            finally:
+                ticket.release()
             return
         if engine.type != "vllm" or not engine.openai_api:
             detail = (

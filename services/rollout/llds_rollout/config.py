@@ -229,6 +229,11 @@ class RolloutSettings(ServiceSettings):
         validation_alias=AliasChoices("admin_token", "LLDS_ADMIN_TOKEN", "LLDS_ROLLOUT_ADMIN_TOKEN"),
     )
     """Bearer token of the admin routes (env ``LLDS_ADMIN_TOKEN``); unset disables them (403)."""
+    api_key: str | None = Field(
+        default=None, validation_alias=AliasChoices("api_key", "LLDS_API_KEY", "LLDS_ROLLOUT_API_KEY")
+    )
+    """Bearer key the OpenAI-compatible ``/v1`` routes require (env ``LLDS_API_KEY``). Unset: ``/v1``
+    answers on a loopback ``host`` only, and 403 (naming this setting) when bound beyond loopback."""
 
     @field_validator("run_id")
     @classmethod

@@ -79,3 +79,42 @@ def test_v1_is_404_naming_the_setting_without_it(engine_type: str, over: dict[st
 )  # fmt: skip
 def test_only_v1_routes_of_vllm_are_kept(path: str, kept: bool) -> None:
     assert keeps(path) is kept
+
+
+def test_v1_key_and_loopback_rules() -> None:
+    body = {"x": 1}
+    c = _client("vllm", OpenAIEngine(loaded=True), **{})
+    assert c.post("/v1/completions", json=body).status_code == 200  # loopback, no key
+    keyed = RolloutSettings.load(
+        overrides={"model": "m", "train": False, "engine": {"type": "vllm"}, "api_key": "k1"}
+    )
+    c = TestClient(create_app(keyed, OpenAIEngine(loaded=True)))
+    r = c.post("/v1/completions", json=body)
+    assert r.status_code == 401 and r.headers["www-authenticate"] == "Bearer", r.text
+    assert c.post("/v1/completions", json=body, headers={"Authorization": "Bearer k2"}).status_code == 401
+    assert c.post("/v1/completions", json=body, headers={"Authorization": "Bearer k1"}).status_code == 200
+    assert c.get("/health").status_code == 503  # the other routes are not behind the key
+    wide = RolloutSettings.load(
+        overrides={"model": "m", "train": False, "engine": {"type": "vllm"}, "host": "0.0.0.0"}
+    )
+    r = TestClient(create_app(wide, OpenAIEngine(loaded=True))).post("/v1/completions", json=body)
+    assert r.status_code == 403 and "api_key" in r.json()["detail"] and "LLDS_API_KEY" in r.json()["detail"]
+
+
+def test_v1_takes_an_answer_slot_and_gives_it_back() -> None:
+    from llds_rollout.answer_admission import AnswerAdmission
+
+    app = create_app(RolloutSettings.load(overrides={"model": "m", "train": False, "engine": {"type": "vllm"}}),
+                     OpenAIEngine(loaded=True))  # fmt: skip
+    service = app.state.service
+    service.answer_admission = AnswerAdmission(max_in_flight=1, max_queued=0, retry_after_s=3.0)
+    c = TestClient(app)
+    assert c.post("/v1/completions", json={}).status_code == 200
+    assert service.answer_admission.in_flight == 0  # released after the response
+    service.answer_admission.admit()  # someone holds the one slot
+    r = c.post("/v1/completions", json={})
+    assert (
+        r.status_code == 503
+        and r.headers["retry-after"] == "3"
+        and "answer capacity full" in r.json()["detail"]
+    )

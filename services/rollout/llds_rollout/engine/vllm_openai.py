@@ -29,6 +29,7 @@ async def build_openai_app(llm: Any, model: str, served_name: str) -> ASGIApp:
     """vLLM's OpenAI-compatible app around ``llm`` (call on the engine's loop), ``/v1/`` routes only."""
     import os
 
+    from starlette.middleware.cors import CORSMiddleware
     from vllm.entrypoints.launchers.api_server.app_state import init_app_state
     from vllm.entrypoints.launchers.app import build_app
     from vllm.entrypoints.launchers.cli_args import make_arg_parser
@@ -46,6 +47,9 @@ async def build_openai_app(llm: Any, model: str, served_name: str) -> ASGIApp:
     app = build_app(args, tasks, llm.model_config)
     await init_app_state(llm, app.state, args, tasks)
     app.router.routes[:] = [r for r in app.router.routes if keeps(getattr(r, "path", ""))]
+    # vLLM allows every origin by default: any web page in a browser on the host could use the
+    # model (and starve training). No CORS headers at all: browsers then refuse cross-origin calls.
+    app.user_middleware[:] = [m for m in app.user_middleware if m.cls is not CORSMiddleware]
     return app
 
 
