@@ -262,9 +262,9 @@ def section(folder: Path, arms_order: list[str], baseline_arm: str = "grpo") -> 
     for arm in arms:
         if arm == baseline_arm:
             continue
-        mine = {r.seed: r for r in runs if r.arm == arm}
+        by_seed = {r.seed: r for r in runs if r.arm == arm}
         for s in steps:
-            a = {sd: q for sd, r in mine.items() if (q := per_question(r, s, ids)) is not None}
+            a = {sd: q for sd, r in by_seed.items() if (q := per_question(r, s, ids)) is not None}
             b = {sd: q for sd, r in base_runs.items() if (q := per_question(r, s, ids)) is not None}
             p = paired(a, b)
             if p is None:
