@@ -641,7 +641,10 @@ class Up:
                 while True:
                     self.check()
                     steps.poll()
-                    if not trainer.running():  # check() let it pass: it exited 0 after its last step
+                    if not trainer.running():
+                        # It exited 0 after its last step (check() let it pass), or it died since
+                        # that check: then this one raises.
+                        self.check()
                         break
                     try:
                         status = client.get(f"{self.url('trainer')}/status").json()

@@ -93,7 +93,10 @@ COMMANDS = [
         _rollout,
         base=["--dataset", "train.jsonl"],
         needs={"engine.weight_transfer": ["--engine.device", "cuda"]},
-        no_flag={"admin_token"},  # a secret: env LLDS_ADMIN_TOKEN, not the process list
+        no_flag={
+            "admin_token",
+            "api_key",
+        },  # secrets: env LLDS_ADMIN_TOKEN / LLDS_API_KEY, not the process list
     ),
     Command(
         "answer",
@@ -101,7 +104,12 @@ COMMANDS = [
         rollout_cli.answer_parser,
         _answer,
         needs={"engine.weight_transfer": ["--engine.device", "cuda"]},
-        no_flag={"admin_token", "train", "max_turns"},  # never trains; --max-turns is the request's
+        no_flag={
+            "admin_token",
+            "api_key",
+            "train",
+            "max_turns",
+        },  # never trains; --max-turns is the request's
     ),
     Command(
         "retriever serve",
@@ -326,7 +334,7 @@ def test_every_expressible_field_has_its_flag_with_its_docstring(cmd: Command) -
     # nothing falls through silently: a field gets a flag, or is listed in no_flag on purpose
     without = {d for d in fields if _option(d) not in actions or actions[_option(d)].dest != d}
     assert without == cmd.no_flag, f"{cmd.name}: fields with no flag: {sorted(without)}"
-    for secret in ("admin_token",):
+    for secret in ("admin_token", "api_key"):
         assert _option(secret) not in actions
 
 
