@@ -20,6 +20,8 @@ from urllib.parse import urlparse
 
 import httpx
 
+from llds_server.http import is_loopback
+
 _WORDS = [
     "founder",
     "city",
@@ -76,7 +78,7 @@ def _body(kind: str, rng: random.Random, i: int) -> dict[str, object]:
 
 def _check_loopback(url: str) -> None:
     host = urlparse(url).hostname or ""
-    if not (host in ("localhost", "::1") or host.startswith("127.")):
+    if not is_loopback(host):
         raise ValueError(f"load tests only target loopback addresses, not {host!r}")
 
 

@@ -259,6 +259,8 @@ class Up:
         check_not_placeholder("LLDS_ADMIN_TOKEN", self.token)
         self._watch: dict[str, float] = {}
         """Watchdog state: the monotonic time of each child's last sign of life, and of the run's."""
+        self._watch_redis: Any = None
+        """The watchdog's Redis client (made at its first look)."""
         self.ports = {
             "retriever": _port(cfg.retriever_port),
             "rollout": _port(cfg.rollout_port),
@@ -530,15 +532,13 @@ class Up:
 
     def _rollout_tokens(self) -> float:
         """The rollout's generated-token counter (counted as each episode finishes); -1 unreadable."""
+        from llds.dashboard.scrape import parse_metrics
+
         try:
             text = httpx.get(f"{self.url('rollout')}/metrics", timeout=5.0).text
         except httpx.HTTPError:
             return -1.0
-        return sum(
-            float(line.rsplit(" ", 1)[1])
-            for line in text.splitlines()
-            if line.startswith("llds_rollout_generated_tokens_total")
-        )
+        return parse_metrics(text).counters.get("llds_rollout_generated_tokens_total", 0.0)
 
     def _groups_added(self) -> int | None:
         """Entries ever added to the run's trajectory stream (None: Redis unreachable)."""
@@ -546,12 +546,10 @@ class Up:
 
         from llds_proto.streams import RunKeys
 
+        if self._watch_redis is None:
+            self._watch_redis = redis_lib.Redis.from_url(self.redis_url, socket_timeout=5)
         try:
-            client = redis_lib.Redis.from_url(self.redis_url, socket_timeout=5)
-            try:
-                info = client.xinfo_stream(RunKeys(self.run_id).stream)
-            finally:
-                client.close()
+            info = self._watch_redis.xinfo_stream(RunKeys(self.run_id).stream)
         except redis_lib.ResponseError:
             return 0  # no stream yet
         except redis_lib.RedisError:
@@ -709,6 +707,8 @@ class Up:
         return out
 
     def stop(self) -> None:
+        if self._watch_redis is not None:
+            self._watch_redis.close()
         for child in reversed(self.children):
             child.stop()
         if self.redis is not None:

@@ -27,6 +27,18 @@ def uvicorn_config(app: Any, host: str, port: int, **kwargs: Any) -> uvicorn.Con
     return uvicorn.Config(app, host=host, port=port, timeout_keep_alive=KEEP_ALIVE_S, **kwargs)
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` (a name or an address) keeps traffic on this machine."""
+    import ipaddress
+
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
 def free_port(host: str = "127.0.0.1") -> int:
     """An unused TCP port on ``host``."""
     with socket.socket() as s:

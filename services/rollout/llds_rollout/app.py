@@ -34,21 +34,9 @@ from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStat
 from llds_rollout.retrieval import RetrieverError
 from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
 from llds_rollout.weights import WeightsError
-from llds_server.http import BodyLimitMiddleware, invalid_request
+from llds_server.http import BodyLimitMiddleware, invalid_request, is_loopback
 
 log = logging.getLogger("llds_rollout.app")
-
-
-def is_loopback(host: str) -> bool:
-    """Whether binding ``host`` keeps a service on this machine."""
-    import ipaddress
-
-    if host == "localhost":
-        return True
-    try:
-        return ipaddress.ip_address(host).is_loopback
-    except ValueError:
-        return False
 
 
 # 503s are transient (loading, retriever or engine down): clients should come back, not give up.

@@ -39,6 +39,8 @@ class Entry:
     error: str | None = None
     raw: bytes | None = None
     """The entry's ``group`` field as stored (what the dead-letter stream keeps)."""
+    failures: int = 0
+    """Training steps it made fail so far (``count_failure``; read with the entry, kept across restarts)."""
 
 
 class StreamQueue:
@@ -78,20 +80,27 @@ class StreamQueue:
                 raise
 
     def _decode(self, raw: list) -> list[Entry]:  # type: ignore[type-arg]
-        out = []
+        fresh = []
         for eid, fields in raw:
             eid = eid.decode() if isinstance(eid, bytes) else str(eid)
-            if eid in self.held:
-                continue
-            self.held.add(eid)
+            if eid not in self.held:
+                self.held.add(eid)
+                fresh.append((eid, fields))
+        # Failure counts of the whole batch in one round trip (almost always none).
+        counts = self.r.hmget(self.failures, [eid for eid, _ in fresh]) if fresh else []
+        out = []
+        for (eid, fields), n in zip(fresh, counts, strict=True):
+            failures = int(n) if n is not None else 0
             data = (fields or {}).get(GROUP_FIELD)
             if data is None:
-                out.append(Entry(eid, None, "entry has no 'group' field (deleted or foreign)"))
+                out.append(
+                    Entry(eid, None, "entry has no 'group' field (deleted or foreign)", failures=failures)
+                )
                 continue
             try:
-                out.append(Entry(eid, decode_group(data), raw=data))
+                out.append(Entry(eid, decode_group(data), raw=data, failures=failures))
             except CodecError as e:
-                out.append(Entry(eid, None, str(e), raw=data))
+                out.append(Entry(eid, None, str(e), raw=data, failures=failures))
         return out
 
     def _read_own_pending(self, n: int) -> list[Entry]:
@@ -174,10 +183,6 @@ class StreamQueue:
         for eid in entry_ids:
             pipe.hincrby(self.failures, eid, 1)
         return [int(n) for n in pipe.execute()]
-
-    def failure_count(self, entry_id: str) -> int:
-        n = self.r.hget(self.failures, entry_id)
-        return int(n) if n is not None else 0
 
     def release(self, entries: list[Entry]) -> None:
         """Forget entries fetched but not used (shutdown); they stay pending for the next run."""

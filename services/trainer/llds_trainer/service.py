@@ -24,6 +24,7 @@ the restored weights under a fresh number. On every start the current version is
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
@@ -551,7 +552,7 @@ class TrainerService:
                 self.metrics.dropped.labels(reason="failed").inc()
                 self._set_aside(e, "failed", why)
             else:
-                self._carry.append(e)
+                self._carry.append(dataclasses.replace(e, failures=n) if n else e)
 
     def _limits(self) -> tuple[int, int | None]:
         """Token ids the policy can embed (its input embedding rows) and the longest sequence its
@@ -567,7 +568,7 @@ class TrainerService:
     def _drop_reason(self, e: Any, seen: set[str]) -> str | None:
         if e.group is None:
             return "invalid"
-        if self.queue.failure_count(e.entry_id) >= self.cfg.max_entry_failures:
+        if e.failures >= self.cfg.max_entry_failures:
             return "failed"
         g = e.group
         st = self.trainer.state

@@ -136,9 +136,6 @@ def _service(version: int, lineage: Any = None, **cfg: Any) -> Any:
     model = SimpleNamespace(get_input_embeddings=lambda: SimpleNamespace(num_embeddings=49152),
                             config=SimpleNamespace(max_position_embeddings=4096))  # fmt: skip
     svc.trainer = SimpleNamespace(state=st, model=model)
-    # Training failures counted so far, by entry id (Redis in the service).
-    svc.failures = {}  # type: ignore[attr-defined]
-    svc.queue = SimpleNamespace(failure_count=lambda eid: svc.failures.get(eid, 0))  # type: ignore[attr-defined]
     return svc
 
 
@@ -178,9 +175,8 @@ def test_drop_reasons(tokenizer: Any) -> None:
             == why
         )
     # An entry that made max_entry_failures (2) steps fail goes, whatever else it is.
-    svc.failures = {"1-10": 1, "1-11": 2}  # type: ignore[attr-defined]
-    assert svc._drop_reason(Entry("1-10", group(3, 11)), set()) is None
-    assert svc._drop_reason(Entry("1-11", group(3, 12)), set()) == "failed"
+    assert svc._drop_reason(Entry("1-10", group(3, 11), failures=1), set()) is None
+    assert svc._drop_reason(Entry("1-11", group(3, 12), failures=2), set()) == "failed"
 
 
 def test_orphaned_and_lineage_stale_drops(tokenizer: Any) -> None:
@@ -260,9 +256,6 @@ def test_dynamic_sampling_fails_clearly_when_every_group_is_uniform(tokenizer: A
 
         def ack(self, ids: list[str]) -> None:
             self.acked += ids
-
-        def failure_count(self, _entry_id: str) -> int:
-            return 0
 
     svc = _service(3, dynamic_sampling=True, dynamic_sampling_max_skips=4, groups_per_step=2)
     svc.metrics, svc.stop_event = TrainerMetrics(), threading.Event()
