@@ -546,6 +546,8 @@ class Up:
 
         from llds_proto.streams import RunKeys
 
+        if not self.redis_url:
+            return None  # no Redis started or named yet
         if self._watch_redis is None:
             self._watch_redis = redis_lib.Redis.from_url(self.redis_url, socket_timeout=5)
         try:

@@ -454,3 +454,12 @@ def test_watchdog_off_with_zero(tmp_path: Path, monkeypatch: pytest.MonkeyPatch)
     finally:
         for c in u.children:
             c.stop(timeout_s=5)
+
+
+def test_watchdog_looks_before_redis_is_known(tmp_path: Path) -> None:
+    """The bug this guards (a CI failure): a trainer not answering yet made the watchdog build a
+    Redis client from the empty URL of a run whose Redis was not started, and raise ValueError."""
+    u = _up(tmp_path, stall_timeout_s=60)
+    assert u.redis_url == ""
+    assert u._groups_added() is None
+    u.watch({"state": "starting"})  # rollout unreachable, no step log, no Redis: a look, no error
