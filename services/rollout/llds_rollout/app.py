@@ -1,5 +1,5 @@
 """HTTP surface of the rollout service: /answer, vLLM's OpenAI-compatible /v1 routes, admin routes
-behind a bearer token, /health, /metrics."""
+(the trainer's signed requests, or an operator's bearer token), /health, /metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from llds_proto.admin_auth import SIGNATURE_HEADER, SignatureError, Verifier
 from llds_proto.messages import (
     AnswerRequest,
     AnswerResponse,
@@ -132,10 +133,28 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     app.add_middleware(OpenAIRoutes, service=service)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # outermost
 
-    def require_admin(authorization: str | None = Header(default=None)) -> None:
-        token = settings.admin_token
-        if not token:
+    token = settings.admin_token
+    verifier = (
+        Verifier(token, [settings.replica()[1], *settings.admin_urls], settings.admin_signature_window_s)
+        if token
+        else None
+    )
+
+    async def require_admin(
+        request: Request,
+        authorization: str | None = Header(default=None),
+        signature: str | None = Header(default=None, alias=SIGNATURE_HEADER),
+    ) -> None:
+        """The trainer's signed request (for this replica's own URL), or an operator's bearer token."""
+        if verifier is None or not token:
             raise HTTPException(403, "admin disabled: no LLDS_ADMIN_TOKEN configured")
+        if signature is not None:
+            try:
+                verifier.verify(signature, request.method, request.url.path, await request.body())
+            except SignatureError as e:
+                log.warning("refused a signed admin request to %s: %s", request.url.path, e)
+                raise HTTPException(401, f"bad {SIGNATURE_HEADER}: {e}") from e
+            return
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})

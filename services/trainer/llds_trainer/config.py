@@ -236,6 +236,10 @@ class TrainerConfig(ServiceSettings):
     """Name in the Redis consumer group; keep it stable across restarts to re-read own pending groups."""
     notify_urls: list[str] = Field(default_factory=list)
     """Rollout base URLs notified of each new version, besides those in ``llds:{run_id}:rollout:replicas``."""
+    replica_hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"], min_length=1)
+    """Hosts a registered replica URL may name; any other registration is refused (logged, counted,
+    never contacted). Each entry is a host name (``*`` globs: ``*.rollout.llds.svc.cluster.local``),
+    an address or a network (``10.0.0.0/8``); ``*`` allows any. ``notify_urls`` are allowed as given."""
     replica_ttl_s: float = Field(default=30.0, gt=0)
     """A registered replica whose heartbeat is older than this is pruned from the registry before a
     version goes out (it died without deregistering); keep it well above the replicas' ``heartbeat_s``."""
@@ -384,6 +388,21 @@ class TrainerConfig(ServiceSettings):
     @classmethod
     def _moved(cls, data: Any) -> Any:
         return refuse_moved(data, MOVED, "these trainer settings moved into sections")
+
+    @field_validator("replica_hosts")
+    @classmethod
+    def _replica_hosts_parse(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for p in v:
+            if "/" in p:
+                try:
+                    ipaddress.ip_network(p, strict=False)
+                except ValueError as e:
+                    raise ValueError(f"replica_hosts entry {p!r} is not a network: {e}") from e
+            elif not p.strip():
+                raise ValueError("replica_hosts has an empty entry")
+        return v
 
     @field_validator("run_id")
     @classmethod

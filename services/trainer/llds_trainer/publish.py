@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from llds_proto.admin_auth import signed
 from llds_proto.messages import WeightUpdateNotice
 from llds_server.settings import redact_url
 
@@ -167,6 +168,42 @@ def gc_versions(weights_root: Path, keep: int, keep_every: int = 0) -> list[Path
     return gone
 
 
+def host_allowed(url: str, patterns: list[str]) -> bool:
+    """Whether ``url``'s host matches one of ``patterns`` (``replica_hosts``): ``*``, a host name
+    glob, an address, or a network in CIDR form. Names are matched as written, never resolved."""
+    import fnmatch
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        host = (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return False
+    if not host:
+        return False
+    try:
+        addr: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        addr = None
+    for p in patterns:
+        p = p.strip().lower()
+        if "/" in p and addr is not None:
+            try:
+                if addr in ipaddress.ip_network(p, strict=False):
+                    return True
+            except ValueError:
+                continue
+        elif addr is not None and "*" not in p:
+            try:
+                if addr == ipaddress.ip_address(p):
+                    return True
+            except ValueError:
+                continue
+        elif fnmatch.fnmatchcase(host, p):
+            return True
+    return False
+
+
 @dataclass(frozen=True)
 class NotifyResult:
     url: str
@@ -178,15 +215,18 @@ def notify_replicas(
     urls: list[str], notice: WeightUpdateNotice, token: str | None, timeout_s: float
 ) -> list[NotifyResult]:
     """POST the notice to every replica's ``/admin/weights``, all at once (one slow or dead replica
-    costs at most ``timeout_s``, not that times the replicas); failures are returned, not raised."""
+    costs at most ``timeout_s``, not that times the replicas); failures are returned, not raised.
+    Each request is signed for its own URL with ``token`` (:mod:`llds_proto.admin_auth`); the token
+    itself is never sent."""
     from concurrent.futures import ThreadPoolExecutor
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     body = notice.model_dump(mode="json")
 
     def one(client: httpx.Client, url: str) -> NotifyResult:
+        target = url.rstrip("/") + "/admin/weights"
         try:
-            r = client.post(url.rstrip("/") + "/admin/weights", json=body, headers=headers)
+            content, headers = signed(token, "POST", target, body)
+            r = client.post(target, content=content, headers=headers)
             return NotifyResult(url, r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}")
         except httpx.HTTPError as e:
             return NotifyResult(url, False, f"{type(e).__name__}: {e}")

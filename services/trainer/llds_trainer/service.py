@@ -138,6 +138,7 @@ class TrainerService:
         self.redis: Any = None
         self.tokenizer: Any = None
         self._unacked: list[str] = []
+        self._refused: set[str] = set()
         """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
         self.start_digest: str | None = None
         self._uniform_skipped = 0
@@ -664,8 +665,10 @@ class TrainerService:
 
     def _live_replicas(self) -> list[str]:
         """The registered replicas' URLs, after pruning those whose heartbeat is older than
-        ``replica_ttl_s`` (entries with no heartbeat, added by hand, stay)."""
+        ``replica_ttl_s`` (entries with no heartbeat, added by hand, stay) and leaving out those whose
+        host is not in ``replica_hosts``."""
         from llds_server.settings import redact_url
+        from llds_trainer.publish import host_allowed
 
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.registry)
@@ -681,6 +684,15 @@ class TrainerService:
         for name, url in registry.items():
             name = name.decode() if isinstance(name, bytes) else str(name)
             url = url.decode() if isinstance(url, bytes) else str(url)
+            if not host_allowed(url, self.cfg.replica_hosts):
+                if url not in self._refused:
+                    self._refused.add(url)
+                    self.metrics.replicas_refused.inc()
+                    log.warning(
+                        "refused registered replica %s (%s): its host is not in replica_hosts %s; it "
+                        "gets no weights", name, redact_url(url), self.cfg.replica_hosts,
+                    )  # fmt: skip
+                continue
             if name in dead:
                 pipe = self.redis.pipeline(transaction=True)
                 pipe.hdel(self.keys.registry, name)

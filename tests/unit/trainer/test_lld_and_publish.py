@@ -300,3 +300,33 @@ def test_notify_logs_replica_urls_without_their_secrets(caplog: pytest.LogCaptur
     assert not res.ok
     assert f"notify http://user:***@127.0.0.1:{port}/?token=*** of version 1 failed" in caplog.text
     assert "hunter2" not in caplog.text and "abc" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:8001", True),
+        ("http://localhost:8001", True),
+        ("http://[::1]:8001", True),
+        ("http://127.0.0.2:8001", False),
+        ("http://10.1.2.3:8001", True),
+        ("http://10.1.2.3.evil.example:8001", False),
+        ("http://r-0.rollout.llds.svc.cluster.local:8001", True),
+        ("http://rollout.llds.svc.cluster.local.evil.example:8001", False),
+        ("http://user:pw@evil.example:8001", False),
+        ("not a url", False),
+    ],
+)
+def test_replica_hosts(url: str, allowed: bool) -> None:
+    from llds_trainer.publish import host_allowed
+
+    patterns = ["127.0.0.1", "::1", "localhost", "10.0.0.0/8", "*.rollout.llds.svc.cluster.local"]
+    assert host_allowed(url, patterns) is allowed
+    assert host_allowed(url, ["*"]) is (url != "not a url")
+
+
+def test_replica_hosts_config_names_a_bad_network() -> None:
+    from llds_trainer.config import TrainerConfig
+
+    with pytest.raises(ValueError, match="replica_hosts entry '10.0.0.0/33' is not a network"):
+        TrainerConfig(replica_hosts=["10.0.0.0/33"])
