@@ -350,7 +350,9 @@ class TrainerConfig(ServiceSettings):
 
     # ---------------------------------------------------------------- outputs
     checkpoint_every: int = Field(default=1, ge=1)
-    """Write a checkpoint every N steps (and on the last and on a stop); groups are acknowledged only then."""
+    """Write a checkpoint every N steps (and on the last and on a stop); groups are acknowledged only then.
+    Keep every publish a checkpoint (``publish_every`` a multiple of this; every preset does): a crash
+    between checkpoints orphans the versions published since, and the groups they sampled are dropped."""
     consumed_window_steps: int = Field(default=64, ge=1)
     """Steps whose group ids the checkpoint keeps for duplicate detection; must be >= checkpoint_every.
     Enough because a trained entry is acknowledged right after the first checkpoint that holds its step,

@@ -180,6 +180,12 @@ class TrainerService:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model)
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.cfg.publish_every % self.cfg.checkpoint_every:
+                log.warning(
+                    "publish_every %d is not a multiple of checkpoint_every %d: a crash orphans the "
+                    "versions published since the last checkpoint, and the groups they sampled are "
+                    "dropped (docs/reliability.md)", self.cfg.publish_every, self.cfg.checkpoint_every,
+                )  # fmt: skip
             # Ride out a Redis restart (~1 min of retries) instead of failing mid-step: every command
             # the trainer sends is safe to repeat (XACK, XTRIM, SET; a lost XREADGROUP reply leaves the
             # entries pending, and XAUTOCLAIM hands them back).
