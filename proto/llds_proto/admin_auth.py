@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import re
 import secrets
 import threading
 import time
@@ -62,15 +63,14 @@ def sign(key: str, method: str, url: str, body: bytes, now: float | None = None)
     return f"t={t},n={nonce},s={_mac(key, t, nonce, method, canonical_url(url), body)}"
 
 
+_HEADER = re.compile(r"t=(\d{1,12}),n=([0-9A-Za-z]{8,64}),s=([0-9a-f]{64})")
+
+
 def _parse(header: str) -> tuple[int, str, str]:
-    fields = dict(part.partition("=")[::2] for part in header.split(","))
-    try:
-        t, nonce, mac = int(fields["t"]), fields["n"], fields["s"]
-    except (KeyError, ValueError) as e:
-        raise SignatureError(f"malformed {SIGNATURE_HEADER} (want t=<unix time>,n=<nonce>,s=<hex>)") from e
-    if not (8 <= len(nonce) <= 64 and nonce.isalnum()):
-        raise SignatureError("malformed nonce")
-    return t, nonce, mac
+    m = _HEADER.fullmatch(header)
+    if m is None:
+        raise SignatureError(f"malformed {SIGNATURE_HEADER} (want t=<unix time>,n=<nonce>,s=<64 hex>)")
+    return int(m.group(1)), m.group(2), m.group(3)
 
 
 class Verifier:

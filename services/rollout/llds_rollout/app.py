@@ -30,7 +30,7 @@ from llds_proto.messages import (
 )
 from llds_rollout.answer_admission import AnswerSaturatedError
 from llds_rollout.config import RolloutSettings
-from llds_rollout.engine import Engine, EngineError
+from llds_rollout.engine import Engine, EngineError, WeightSwapError
 from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
 from llds_rollout.retrieval import RetrieverError
 from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
@@ -110,7 +110,8 @@ class OpenAIRoutes:
             )
             resp = JSONResponse({"detail": detail}, status_code=404)
         else:
-            resp = JSONResponse({"detail": "model is still loading"}, status_code=503, headers=RETRY_AFTER)
+            why = self.service.engine.failed or "model is still loading"
+            resp = JSONResponse({"detail": why}, status_code=503, headers=RETRY_AFTER)
         await resp(scope, receive, send)
 
 
@@ -192,6 +193,10 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     @app.exception_handler(WeightTransferStateError)
     async def _transfer_state(_: Request, e: WeightTransferStateError) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, status_code=409)
+
+    @app.exception_handler(WeightSwapError)
+    async def _swap_failed(_: Request, e: WeightSwapError) -> JSONResponse:
+        return JSONResponse({"detail": f"weights swap failed: {e}"}, status_code=502)
 
     @app.exception_handler(WeightTransferError)
     async def _transfer_failed(_: Request, e: WeightTransferError) -> JSONResponse:

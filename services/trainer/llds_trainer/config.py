@@ -366,6 +366,9 @@ class TrainerConfig(ServiceSettings):
     """Publish a new weights version every N steps (independent of ``checkpoint_every``)."""
     keep_versions: int = Field(default=3, ge=1)
     """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
+    pin_ttl_s: float = Field(default=600.0, gt=0)
+    """A published version a replica pinned (it is reading the folder) less than this long ago is
+    not deleted by the clean-up of old versions; an older pin is a replica that died mid-read."""
     keep_versions_every: int = Field(default=0, ge=0)
     """Also keep every published version whose step is a multiple of N (0: none): the checkpoints a
     study evaluates after the run (``llds experiment lld --eval-steps``), 0.5 GB each for SmolLM2."""

@@ -83,6 +83,7 @@ def publish_folder(
     max_shard_mb: int = 5000,
     state_dict: dict[str, Any] | None = None,
     keep_every: int = 0,
+    pinned: set[int] | None = None,
 ) -> Path:
     """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
 
@@ -98,6 +99,7 @@ def publish_folder(
             this rank by ``Trainer.published_state``); tied names share one tensor.
         keep_every: also keep every version whose step is a multiple of this (0: none); see
             :func:`gc_versions`.
+        pinned: versions a replica is reading now (kept by :func:`gc_versions`).
     """
     root = Path(weights_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -128,7 +130,7 @@ def publish_folder(
     os.replace(marker_tmp, final / MARKER)
     _fsync(final)
     _fsync(root)
-    gc_versions(root, keep, keep_every)
+    gc_versions(root, keep, keep_every, pinned)
     return final
 
 
@@ -140,11 +142,14 @@ def marker_step(folder: Path) -> int | None:
         return None
 
 
-def gc_versions(weights_root: Path, keep: int, keep_every: int = 0) -> list[Path]:
+def gc_versions(
+    weights_root: Path, keep: int, keep_every: int = 0, pinned: set[int] | None = None
+) -> list[Path]:
     """Delete all but the newest ``keep`` complete versions, every version folder without its marker
     and every temp folder; returns what went. With ``keep_every`` > 0 a complete version whose marker
     names a step that is a multiple of it stays too: the checkpoints a study evaluates afterwards
-    (``keep_versions_every``).
+    (``keep_versions_every``). A complete version in ``pinned`` stays as well: a replica is reading
+    it (``RunKeys.weight_pins``), and deleting files under a reading engine mixes its weights.
 
     Call only while no publish is in flight (after one, or at start-up): the trainer is the only
     writer of ``weights_root``, so a temp folder or a folder without ``COMPLETE`` then is a crashed
@@ -161,6 +166,8 @@ def gc_versions(weights_root: Path, keep: int, keep_every: int = 0) -> list[Path
     old = complete[:-keep]
     if keep_every > 0:
         old = [p for p in old if (step := marker_step(p)) is None or step % keep_every != 0]
+    if pinned:
+        old = [p for p in old if int(p.name[1:]) not in pinned]
     gone = [p for _, p in versions if not (p / MARKER).is_file()] + old
     gone.extend(p for p in weights_root.glob(".v*") if re.match(r"^\.v(\d{6})\.", p.name))
     for p in gone:

@@ -244,7 +244,8 @@ class TrainerService:
             if self.cfg.weight_sync == "filesystem":
                 from llds_trainer.publish import gc_versions
 
-                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions, self.cfg.keep_versions_every)
+                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions, self.cfg.keep_versions_every,
+                            self._pinned_versions())  # fmt: skip
             self._write_info()
             self._tidy_stream()
         dist.barrier()
@@ -633,6 +634,7 @@ class TrainerService:
                     self.cfg.publish_shard_mb,
                     state_dict=state,
                     keep_every=self.cfg.keep_versions_every,
+                    pinned=self._pinned_versions(),
                 )
                 log.info("published version %d (step %d) to %s", version, step, path)
         if not dist.is_main:
@@ -668,6 +670,28 @@ class TrainerService:
         for res in results:
             if not res.ok:
                 self.metrics.notify_failures.inc()
+
+    def _pinned_versions(self) -> set[int]:
+        """Versions a replica pinned (``RunKeys.weight_pins``) less than ``pin_ttl_s`` ago; older
+        pins (a replica that died mid-read) are removed."""
+        from redis.exceptions import RedisError
+
+        cutoff = time.time() - self.cfg.pin_ttl_s
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zremrangebyscore(self.keys.weight_pins, "-inf", f"({cutoff}")
+            pipe.zrangebyscore(self.keys.weight_pins, cutoff, "+inf")
+            _, members = pipe.execute()
+        except RedisError as e:
+            log.warning("could not read the weight pins (keeping every version this time): %s", e)
+            root = Path(self.cfg.weights_root)
+            return {int(p.name[1:]) for p in root.glob("v*") if p.name[1:].isdigit()} if root.is_dir() else set()
+        out = set()
+        for m in members:
+            v, _, _ = (m.decode() if isinstance(m, bytes) else str(m)).partition("/")
+            if v.isdigit():
+                out.add(int(v))
+        return out
 
     def _live_replicas(self) -> list[str]:
         """The registered replicas' URLs, after pruning those whose heartbeat is older than

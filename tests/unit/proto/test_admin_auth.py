@@ -40,7 +40,10 @@ def test_another_key_and_malformed_headers_are_refused() -> None:
     header = sign("someone-else", "POST", ME + "/admin/weights", BODY, now=1000)
     with pytest.raises(SignatureError, match="does not match"):
         Verifier(KEY, [ME]).verify(header, "POST", "/admin/weights", BODY, now=1000)
-    for bad in ("", "t=1000", "t=x,n=abcdefgh,s=00", "t=1000,n=../../..,s=00", "Bearer the-admin-token"):
+    good = sign(KEY, "POST", ME + "/admin/weights", BODY, now=1000)
+    for bad in ("", "t=1000", "t=x,n=abcdefgh,s=00", "t=1000,n=../../..,s=00", "Bearer the-admin-token",
+                good.replace("t=1000", "t=" + "9" * 400), good[:-1] + "\u00e9", good.replace("n=", "n=\u00e9"),
+                good + ",x=1", good.upper()):  # fmt: skip
         with pytest.raises(SignatureError, match="malformed"):
             Verifier(KEY, [ME]).verify(bad, "POST", "/admin/weights", BODY, now=1000)
 
