@@ -449,7 +449,9 @@ class Up:
                                 password=self.redis_password())  # fmt: skip
             self.redis = redis.start()
             self.redis_url = redis.url
-            print(f"redis     {redact_url(self.redis_url)} (append-only file and password in {redis.data_dir})")
+            print(
+                f"redis     {redact_url(self.redis_url)} (append-only file and password in {redis.data_dir})"
+            )
         self.weights_root.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
         names = ["retriever", "rollout", "trainer"] + (["dashboard"] if cfg.dashboard else [])

@@ -533,6 +533,8 @@ def test_a_folder_changed_under_the_swap_stops_serving_until_a_whole_version_loa
         assert after.status_code == 200 and after.json()["weights_version"] == 2
         r.set(keys.trainer_version, 2)
         write_trainer_info(r, keys, version=2, step=2)
-        _wait(lambda: decode_group(r.xrange(keys.stream)[-1][1][b"group"]).min_version == 2, what="a v2 group")
+        _wait(
+            lambda: decode_group(r.xrange(keys.stream)[-1][1][b"group"]).min_version == 2, what="a v2 group"
+        )
     # No group carries the version that never loaded whole.
     assert {decode_group(f[b"group"]).min_version for _, f in r.xrange(keys.stream)} == {0, 2}

@@ -291,7 +291,9 @@ def test_a_folder_changed_under_the_swap_fails_the_engine_until_a_whole_version_
         health = httpx.get(f"{url}/health").json()
         assert health["status"] == "degraded" and "serving nothing" in health["detail"]["error"], health
         assert health["detail"]["weights_version"] == version - 1
-        answer = httpx.post(f"{url}/answer", json={"question": "who wrote hamlet?", "max_turns": 1}, timeout=60)
+        answer = httpx.post(
+            f"{url}/answer", json={"question": "who wrote hamlet?", "max_turns": 1}, timeout=60
+        )
         assert answer.status_code == 503 and "changed while it loaded" in answer.json()["detail"], answer.text
         body = {"model": SERVED, "prompt": "Once upon a time", "max_tokens": 4}
         v1 = httpx.post(f"{url}/v1/completions", json=body, timeout=60)

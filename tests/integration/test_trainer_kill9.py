@@ -213,7 +213,9 @@ def test_random_kill9_with_a_live_producer_drops_no_group(
             done = max((int(p.name[5:]) for p in run.glob("checkpoints/step_*")), default=0)
             if target - done < MARGIN:
                 target += MARGIN
-            proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
+            proc = start_trainer(
+                tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra
+            )
             try:
                 outcomes.append(
                     _watch_and_kill(proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), run, weights)
@@ -223,7 +225,8 @@ def test_random_kill9_with_a_live_producer_drops_no_group(
                     proc.kill()
                     proc.wait()
             assert proc.returncode == -9, (
-                f"kill {i} ({kind}): exit {proc.returncode}\n" + (tmp_path / "trainer.log").read_text()[-3000:]
+                f"kill {i} ({kind}): exit {proc.returncode}\n"
+                + (tmp_path / "trainer.log").read_text()[-3000:]
             )
         proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
         assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]

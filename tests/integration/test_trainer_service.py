@@ -205,11 +205,15 @@ def test_trains_publishes_notifies_and_serves(
     assert [n["body"]["version"] for n in notices] == [1, 2]
     assert [n["body"]["path"] for n in notices] == ["v000001", "v000002"]
     # Signed for this replica's URL; the token itself is nowhere in what the replica received.
-    assert all(n["auth"] is None and TOKEN not in json.dumps(n["headers"]) + n["raw"].decode() for n in notices)
+    assert all(
+        n["auth"] is None and TOKEN not in json.dumps(n["headers"]) + n["raw"].decode() for n in notices
+    )
     for n in notices:
         Verifier(TOKEN, [url]).verify(n["signature"], "POST", "/admin/weights", n["raw"])
         with pytest.raises(SignatureError, match="does not match"):  # no good at another replica
-            Verifier(TOKEN, ["http://127.0.0.1:8001"]).verify(n["signature"], "POST", "/admin/weights", n["raw"])
+            Verifier(TOKEN, ["http://127.0.0.1:8001"]).verify(
+                n["signature"], "POST", "/admin/weights", n["raw"]
+            )
     # The checkpoint is the record of what was trained (it is what acknowledgement waits for).
     state = json.loads(sorted((run / "checkpoints").iterdir())[-1].joinpath("state.json").read_text())
     assert state["consumed"] == [g.group_id for g in small_groups[:4]] and state["consumed_total"] == 4

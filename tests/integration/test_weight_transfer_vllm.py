@@ -146,7 +146,9 @@ def replicas(tiny_model_dir: Path) -> Iterator[list[tuple[str, Receiver]]]:
         for workers in (1, 2):
             engine = Receiver(workers, spec)
             port = free_port()  # the replica's own URL: the trainer's requests are signed for it
-            s = RolloutSettings(model=str(tiny_model_dir), train=False, admin_token=TOKEN, engine=NCCL, port=port)
+            s = RolloutSettings(
+                model=str(tiny_model_dir), train=False, admin_token=TOKEN, engine=NCCL, port=port
+            )
             srv = stack.enter_context(BackgroundServer(create_app(s, engine), port=port))
             deadline = time.monotonic() + 60
             while httpx.get(srv.url + "/health").status_code != 200:

@@ -24,10 +24,10 @@ from llds_proto.messages import (
     WeightUpdateResponse,
 )
 from llds_proto.streams import RunKeys
+from llds_rollout import faults
 from llds_rollout.agent import LoopSettings, run_episode
 from llds_rollout.answer_admission import AnswerAdmission, AnswerSaturatedError, AnswerTicket
 from llds_rollout.config import RolloutSettings
-from llds_rollout import faults
 from llds_rollout.engine import Engine, EngineError, WeightLoadError, WeightSwapError, build_engine
 from llds_rollout.engine.transfer import CollectiveReceiver, WeightTransferError, collective_receiver
 from llds_rollout.metrics import RolloutMetrics

@@ -107,7 +107,7 @@ def read_shapes(published: PublishedWeights) -> dict[str, tuple[int, ...]]:
     for path in published.safetensors:
         try:
             with safe_open(str(path), framework="numpy") as f:
-                part = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}  # noqa: SIM118
+                part = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
         except (SafetensorError, OSError, ValueError) as e:
             raise WeightsError(f"{path.name}: not a readable safetensors file: {e}") from e
         dup = set(part) & set(shapes)

@@ -685,7 +685,9 @@ class TrainerService:
         except RedisError as e:
             log.warning("could not read the weight pins (keeping every version this time): %s", e)
             root = Path(self.cfg.weights_root)
-            return {int(p.name[1:]) for p in root.glob("v*") if p.name[1:].isdigit()} if root.is_dir() else set()
+            return (
+                {int(p.name[1:]) for p in root.glob("v*") if p.name[1:].isdigit()} if root.is_dir() else set()
+            )
         out = set()
         for m in members:
             v, _, _ = (m.decode() if isinstance(m, bytes) else str(m)).partition("/")

@@ -30,7 +30,9 @@ def test_a_request_signed_for_this_replica_passes_once() -> None:
         ("from the future", ME + "/admin/weights", "POST", "/admin/weights", BODY, 1000 - 121, r"signed -121 s"),
     ],
 )  # fmt: skip
-def test_refused(why: str, header_for: str, method: str, path: str, body: bytes, now: int, match: str) -> None:
+def test_refused(
+    why: str, header_for: str, method: str, path: str, body: bytes, now: int, match: str
+) -> None:
     header = sign(KEY, "POST", header_for, BODY, now=1000)
     with pytest.raises(SignatureError, match=match):
         Verifier(KEY, [ME]).verify(header, method, path, body, now=now)
@@ -56,7 +58,9 @@ def test_spellings_of_one_url_sign_alike_and_aliases_count() -> None:
     v = Verifier(KEY, [ME, "http://rollout:8001"])
     v.verify(header, "POST", "/admin/weights", BODY, now=1000)
     behind_a_proxy = sign(KEY, "POST", "http://gw.example/replica-0/admin/weights", BODY, now=1000)
-    Verifier(KEY, ["http://gw.example/replica-0"]).verify(behind_a_proxy, "POST", "/admin/weights", BODY, now=1000)
+    Verifier(KEY, ["http://gw.example/replica-0"]).verify(
+        behind_a_proxy, "POST", "/admin/weights", BODY, now=1000
+    )
     with pytest.raises(SignatureError, match="not an http"):
         Verifier(KEY, ["ftp://x"])
 

@@ -328,7 +328,7 @@ def test_replica_hosts(url: str, allowed: bool) -> None:
 def test_replica_hosts_config_names_a_bad_network() -> None:
     from llds_trainer.config import TrainerConfig
 
-    with pytest.raises(ValueError, match="replica_hosts entry '10.0.0.0/33' is not a network"):
+    with pytest.raises(ValueError, match=r"replica_hosts entry '10\.0\.0\.0/33' is not a network"):
         TrainerConfig(replica_hosts=["10.0.0.0/33"])
 
 
@@ -359,9 +359,13 @@ def test_pins_expire_and_an_unreadable_redis_keeps_every_version(tmp_path: Path)
     svc = TrainerService(TrainerConfig(pin_ttl_s=60, weights_root=str(tmp_path / "weights")))
     svc.redis = fakeredis.FakeRedis()
     now = _time.time()
-    svc.redis.zadd(streams.DEFAULT_KEYS.weight_pins, {"7/rollout-a": now - 5, "3/rollout-b": now - 600, "9/x": now})
+    svc.redis.zadd(
+        streams.DEFAULT_KEYS.weight_pins, {"7/rollout-a": now - 5, "3/rollout-b": now - 600, "9/x": now}
+    )
     assert svc._pinned_versions() == {7, 9}
-    assert svc.redis.zscore(streams.DEFAULT_KEYS.weight_pins, "3/rollout-b") is None  # a dead reader's pin went
+    assert (
+        svc.redis.zscore(streams.DEFAULT_KEYS.weight_pins, "3/rollout-b") is None
+    )  # a dead reader's pin went
 
     class Down:
         def pipeline(self, transaction: bool = False) -> Any:
