@@ -707,7 +707,10 @@ class Up:
         out = {
             "run_id": self.run_id,
             "steps": max(int(str(status.get("step") or 0)), len(history)),
-            "trainer_weights_version": status.get("weights_version"),
+            # The last step's record, not the last /status poll (taken before that step published).
+            "trainer_weights_version": history[-1].get(K.WEIGHTS_VERSION)
+            if history
+            else status.get("weights_version"),
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
             "reward_mean_per_step": [h.get(K.REWARD_MEAN) for h in history],
             "llds_term_per_step": [h.get(K.LOSS_LLDS) for h in history],
