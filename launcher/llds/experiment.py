@@ -642,6 +642,9 @@ def _write_study(args: argparse.Namespace, seeds: list[int], arms: list[str]) ->
     seen_seeds = set(_ints(str(old.get("seeds", "")))) | set(seeds)
     seen_arms = {x for x in str(old.get("arms", "")).split(",") if x.strip()} | set(arms)
     study = {k: getattr(args, k) for k in STUDY_KEYS}
+    # The report's "Start:" line names it: a shipped start, or the --model folder.
+    model = getattr(args, "model", None)
+    study["start"] = Path(model).name if model else (getattr(args, "start", None) or DEFAULT_START)
     differ = [f"{k} {old[k]!r} there, {study[k]!r} here"
               for k in ("preset", "steps", "eval_limit", "eval_steps", "trainer_set", "stop_dead", "start_digest")
               if k in old and old[k] != study[k]]  # fmt: skip

@@ -75,8 +75,16 @@ class RedisServer:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         if not self.port:
             self.port = free_port(self.host)
-        args = [
-            str(server_binary()),
+        args = [str(server_binary())]
+        if self.password:
+            # In a private file, not on the command line (which every local user can read).
+            conf = self.data_dir / "auth.conf"
+            conf.unlink(missing_ok=True)
+            fd = os.open(conf, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(f'requirepass "{self.password}"\n')
+            args.append(str(conf))
+        args += [
             "--bind", self.host,
             "--port", str(self.port),
             "--dir", str(self.data_dir),
@@ -87,8 +95,6 @@ class RedisServer:
             "--logfile", str(self.log_path),
             "--daemonize", "no",
         ]  # fmt: skip
-        if self.password:
-            args += ["--requirepass", self.password]
         # SIGTERM (an AOF flush and a clean exit) when the process that started it dies, however it dies.
         self.proc = subprocess.Popen(
             args, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, preexec_fn=_die_with_parent

@@ -271,6 +271,18 @@ class Up:
     def url(self, svc: str) -> str:
         return f"http://{self.cfg.host}:{self.ports[svc]}"
 
+    def redis_password(self) -> str:
+        """The password of the Redis started here: without it any local user could write the run's
+        stream or register a replica URL. Generated at the first start, kept (owner-only) in
+        ``RUN_DIR/redis/password`` for a resume and for tools that read the run's keys."""
+        path = self.run_dir / "redis" / "password"
+        if path.is_file():
+            return path.read_text().strip()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        password = secrets.token_hex(24)
+        write_private(path, password + "\n")
+        return password
+
     def check_run_dir(self) -> None:
         """A fresh run never lands in another run's dir (its trainer would silently resume that run)."""
         if not self.resume and (self.run_dir / "run_id").exists():
@@ -433,10 +445,13 @@ class Up:
         if cfg.redis_url:
             self.redis_url = cfg.redis_url
         else:
-            redis = RedisServer(data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host)
+            redis = RedisServer(data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host,
+                                password=self.redis_password())  # fmt: skip
             self.redis = redis.start()
             self.redis_url = redis.url
-            print(f"redis     {redact_url(self.redis_url)} (append-only file in {self.run_dir / 'redis'})")
+            print(
+                f"redis     {redact_url(self.redis_url)} (append-only file and password in {redis.data_dir})"
+            )
         self.weights_root.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
         names = ["retriever", "rollout", "trainer"] + (["dashboard"] if cfg.dashboard else [])
@@ -692,7 +707,10 @@ class Up:
         out = {
             "run_id": self.run_id,
             "steps": max(int(str(status.get("step") or 0)), len(history)),
-            "trainer_weights_version": status.get("weights_version"),
+            # The last step's record, not the last /status poll (taken before that step published).
+            "trainer_weights_version": history[-1].get(K.WEIGHTS_VERSION)
+            if history
+            else status.get("weights_version"),
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
             "reward_mean_per_step": [h.get(K.REWARD_MEAN) for h in history],
             "llds_term_per_step": [h.get(K.LOSS_LLDS) for h in history],

@@ -82,6 +82,13 @@ class RunKeys:
         return f"llds:{self.run_id}:rollout:heartbeats"
 
     @property
+    def weight_pins(self) -> str:
+        """Sorted set: ``<version>/<replica name>`` -> unix time a replica started reading that
+        published version's folder. The trainer's clean-up of old versions keeps a folder pinned by
+        an entry younger than its ``pin_ttl_s`` (a replica that died mid-read lets go by itself)."""
+        return f"llds:{self.run_id}:weights:pins"
+
+    @property
     def in_flight(self) -> str:
         """Hash: rollout replica name -> groups it is sampling now (admission across replicas)."""
         return f"llds:{self.run_id}:rollout:in_flight"

@@ -168,6 +168,7 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(
         summary = json.loads((run_dir / "summary.json").read_text())
         assert summary["steps"] >= STEPS, log
         assert summary["rollout_weights_version"] >= STEPS, summary
+        assert summary["trainer_weights_version"] == summary["rollout_weights_version"], summary
         # the published weights folders exist with their marker written last
         for v in range(1, STEPS + 1):
             assert (run_dir / "weights" / f"v{v:06d}" / "COMPLETE").exists() or v < summary[

@@ -6,6 +6,7 @@ bias to chosen tokens at chosen absolute positions (the engine, KV cache and sam
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import shutil
 import threading
@@ -466,3 +467,74 @@ def test_a_replica_that_starts_late_catches_up_and_produces(
         assert r.hget(keys.registry, "late") == srv.url.encode() and r.hexists(keys.in_flight, "late")
     assert r.xlen(DEFAULT_KEYS.stream) == 0
     assert not r.hexists(keys.in_flight, "late")  # removed on shutdown
+
+
+def _rewrite_in_place(path: Path) -> None:
+    """Flip the last byte of ``path`` in place (same size, same inode): what a sha256 check done
+    before cannot see."""
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    with open(path, "r+b") as f:
+        f.write(bytes(data))
+
+
+def test_a_folder_changed_under_the_swap_stops_serving_until_a_whole_version_loads(
+    tiny_model_dir: Path, retriever: Any, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30: the replica pins the folder it reads (the trainer's clean-up keeps it); a folder
+    rewritten after its checks and before the engine is done with it fails the engine: /answer stops
+    (503 naming why), /health says degraded, until a whole version loads, which heals it (production
+    waiting meanwhile: test_rollout_scheduler.py::test_a_failed_engine_starts_no_group_...)."""
+    from llds_rollout.faults import SWAP_DELAY_ENV
+
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text(json.dumps({"id": "q0", "data_source": "world", "question": QUESTION,
+                                   "golden_answers": ["x"], "extra_info": {"index": 0}}) + "\n")  # fmt: skip
+    root = tmp_path / "weights"
+    root.mkdir()
+    keys = RunKeys("swap-run")
+    r = redis.Redis.from_url(redis_url)
+    write_trainer_info(r, keys, version=0, step=0)
+    settings = RolloutSettings.load(
+        overrides={"model": str(tiny_model_dir), "retriever_url": retriever[0], "redis_url": redis_url,
+                   "run_id": keys.run_id, "dataset": dataset, "weights_root": root, "group_size": 2,
+                   "max_turns": 0, "max_tokens_per_turn": 8, "max_groups_in_flight": 1, "version_poll_s": 0.05,
+                   "replica_name": "swapper", "port": free_port(), "admin_token": TOKEN,
+                   "catch_up_after_s": 3600}
+    )  # fmt: skip
+    with BackgroundServer(create_app(settings, TestEngine(str(tiny_model_dir))), port=settings.port) as srv:
+        _wait(lambda: httpx.get(f"{srv.url}/health").status_code == 200, what="model load")
+        _wait(lambda: r.xlen(keys.stream) >= 1, what="a group on version 0")
+        v1 = _publish(root, tiny_model_dir, 1)
+        monkeypatch.setenv(SWAP_DELAY_ENV, "2")
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            swap = pool.submit(
+                httpx.post, f"{srv.url}/admin/weights", json={"version": 1, "path": v1.name}, headers=AUTH,
+                timeout=60,
+            )  # fmt: skip
+            _wait(lambda: r.zscore(keys.weight_pins, "1/swapper") is not None, 10, "the pin of v1")
+            _rewrite_in_place(v1 / "model.safetensors")
+            failed = swap.result()
+        monkeypatch.delenv(SWAP_DELAY_ENV)
+        assert failed.status_code == 502, failed.text
+        assert "files of version 1 changed while it loaded" in failed.json()["detail"]
+        assert r.zscore(keys.weight_pins, "1/swapper") is None  # unpinned when done
+        health = httpx.get(f"{srv.url}/health").json()
+        assert health["status"] == "degraded" and "serving nothing" in health["detail"]["error"], health
+        answer = httpx.post(f"{srv.url}/answer", json={"question": QUESTION, "max_turns": 1}, timeout=60)
+        assert answer.status_code == 503 and "changed while it loaded" in answer.json()["detail"], answer.text
+        assert "llds_rollout_weight_swap_failures_total 1.0" in httpx.get(f"{srv.url}/metrics").text
+        v2 = _publish(root, tiny_model_dir, 2)
+        healed = httpx.post(f"{srv.url}/admin/weights", json={"version": 2, "path": v2.name}, headers=AUTH,
+                            timeout=60)  # fmt: skip
+        assert healed.status_code == 200 and healed.json()["version"] == 2, healed.text
+        assert httpx.get(f"{srv.url}/health").json()["status"] == "ok"
+        after = httpx.post(f"{srv.url}/answer", json={"question": QUESTION, "max_turns": 1}, timeout=60)
+        assert after.status_code == 200 and after.json()["weights_version"] == 2
+        r.set(keys.trainer_version, 2)
+        write_trainer_info(r, keys, version=2, step=2)
+        _wait(
+            lambda: decode_group(r.xrange(keys.stream)[-1][1][b"group"]).min_version == 2, what="a v2 group"
+        )
+    # No group carries the version that never loaded whole.
+    assert {decode_group(f[b"group"]).min_version for _, f in r.xrange(keys.stream)} == {0, 2}

@@ -260,3 +260,50 @@ def test_v1_shares_the_answer_slots_and_sheds_load_with_503(service: Any) -> Non
     assert codes.count(200) >= 1 and codes.count(503) >= 1, codes
     busy = next(r for r in rs if r.status_code == 503)
     assert busy.headers["retry-after"] == "2" and "answer capacity full" in busy.json()["detail"]
+
+
+def test_a_folder_changed_under_the_swap_fails_the_engine_until_a_whole_version_loads(
+    service: Any, tiny_model_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 30, on vLLM (which reads the folder itself, after our checks): the folder rewritten in
+    place after its sha256 check and before vLLM reads it. vLLM loads the changed bytes; the replica
+    sees the files changed, answers 502, and serves nothing (/answer and /v1: 503 naming why,
+    /health degraded) until a whole version loads, which heals it."""
+    from llds_rollout.faults import SWAP_DELAY_ENV
+
+    url, root = service[:2]
+    version = httpx.get(f"{url}/health").json()["detail"]["weights_version"] + 1
+    folder = _publish(root, tiny_model_dir, version)
+    monkeypatch.setenv(SWAP_DELAY_ENV, "2")
+    with concurrent.futures.ThreadPoolExecutor(1) as pool:
+        swap = pool.submit(httpx.post, f"{url}/admin/weights", json={"version": version, "path": folder.name},
+                           headers=AUTH, timeout=300)  # fmt: skip
+        time.sleep(1.0)  # checked (a few MB hashed), now waiting before vLLM reads the folder
+        data = bytearray((folder / "model.safetensors").read_bytes())
+        data[-64:] = bytes(b ^ 0xFF for b in data[-64:])
+        with open(folder / "model.safetensors", "r+b") as f:
+            f.write(bytes(data))
+        failed = swap.result()
+    monkeypatch.delenv(SWAP_DELAY_ENV)
+    try:
+        assert failed.status_code == 502, failed.text
+        assert f"files of version {version} changed while it loaded" in failed.json()["detail"]
+        health = httpx.get(f"{url}/health").json()
+        assert health["status"] == "degraded" and "serving nothing" in health["detail"]["error"], health
+        assert health["detail"]["weights_version"] == version - 1
+        answer = httpx.post(
+            f"{url}/answer", json={"question": "who wrote hamlet?", "max_turns": 1}, timeout=60
+        )
+        assert answer.status_code == 503 and "changed while it loaded" in answer.json()["detail"], answer.text
+        body = {"model": SERVED, "prompt": "Once upon a time", "max_tokens": 4}
+        v1 = httpx.post(f"{url}/v1/completions", json=body, timeout=60)
+        assert v1.status_code == 503 and "changed while it loaded" in v1.json()["detail"], v1.text
+    finally:
+        healed_folder = _publish(root, tiny_model_dir, version + 1)
+        healed = httpx.post(f"{url}/admin/weights", json={"version": version + 1, "path": healed_folder.name},
+                            headers=AUTH, timeout=300)  # fmt: skip
+    assert healed.status_code == 200, healed.text
+    assert httpx.get(f"{url}/health").json()["status"] == "ok"
+    after = httpx.post(f"{url}/answer", json={"question": "who wrote hamlet?", "max_turns": 1}, timeout=120)
+    assert after.status_code == 200 and after.json()["weights_version"] == version + 1
+    assert httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code == 200

@@ -12,6 +12,7 @@ import ast
 import json
 import os
 import socket
+import stat
 import tomllib
 from pathlib import Path
 
@@ -149,6 +150,7 @@ def test_llds_up_passes_loopback_to_every_child(monkeypatch: pytest.MonkeyPatch,
 
     started: list[tuple[str, list[str]]] = []
     redis_hosts: list[str] = []
+    passwords: list[str | None] = []
 
     def fake_start(self: supervisor.Child, echo: bool = True) -> supervisor.Child:
         started.append((self.name, self.argv))
@@ -156,6 +158,7 @@ def test_llds_up_passes_loopback_to_every_child(monkeypatch: pytest.MonkeyPatch,
 
     def fake_redis_start(self: RedisServer, timeout_s: float = 15.0) -> RedisServer:
         redis_hosts.append(self.host)
+        passwords.append(self.password)
         return self
 
     monkeypatch.setattr(supervisor.Child, "start", fake_start)
@@ -166,6 +169,17 @@ def test_llds_up_passes_loopback_to_every_child(monkeypatch: pytest.MonkeyPatch,
                      dashboard_port=0, redis_port=0))  # fmt: skip
     up.start({"world": tmp_path, "index": tmp_path, "policy": tmp_path})
     assert redis_hosts == ["127.0.0.1"]
+    # Its Redis has a password (issue 30: else any local user could register a replica URL), kept
+    # owner-only in the run dir and the same on a resume; the children get it in the env only.
+    (password,) = passwords
+    assert password and len(password) >= 32 and up.redis_url.startswith(f"redis://:{password}@")
+    kept = tmp_path / "redis" / "password"
+    assert kept.read_text().strip() == password and stat.S_IMODE(kept.stat().st_mode) == 0o600
+    assert Up(up.cfg, resume=True).redis_password() == password
+    for name, argv in started:
+        assert password not in " ".join(argv), name
+    for conf in (tmp_path / "configs").glob("*.resolved.toml"):
+        assert password not in conf.read_text(), conf
     assert [n for n, _ in started] == ["retriever", "rollout", "trainer", "dashboard"]
     for name, argv in started:
         if "--host" in argv:  # retriever, dashboard
@@ -175,7 +189,8 @@ def test_llds_up_passes_loopback_to_every_child(monkeypatch: pytest.MonkeyPatch,
             assert resolved["host"] == "127.0.0.1", (name, resolved)
             for key in ("retriever_url", "redis_url"):
                 if key in resolved:
-                    assert resolved[key].split("//", 1)[1].startswith("127.0.0.1:"), (name, resolved)
+                    host = resolved[key].split("//", 1)[1].rpartition("@")[2]  # the password is left out
+                    assert host.startswith("127.0.0.1:"), (name, resolved)
         for flag in ("--retriever-url", "--redis-url", "--rollout-url", "--trainer-url"):
             if flag in argv:
                 assert argv[argv.index(flag) + 1].split("//", 1)[1].startswith("127.0.0.1:"), (name, argv)
@@ -345,3 +360,7 @@ def test_redis_password_is_required_and_works_through_urls(tmp_path: Path) -> No
                 await c.aclose()
 
         assert asyncio.run(_async_ping())
+        # Not on the command line, which every local user reads; in a file only its owner reads.
+        assert server.proc is not None
+        assert "pa55-word" not in Path(f"/proc/{server.proc.pid}/cmdline").read_bytes().decode()
+        assert stat.S_IMODE((tmp_path / "auth.conf").stat().st_mode) == 0o600

@@ -14,6 +14,11 @@ can finish before its kill); after the last, the trainer runs to the end. Then, 
   step count in ``optimizer.pt`` is steps x updates per step (no step trained twice or lost);
 - the versions: every number ever handed out is a real update, an orphan or a restart alias, the
   newest is the one in Redis, and only ``keep_versions`` folders and no temp folders are left.
+
+The second test is a run as the presets configure it (a checkpoint at every publish, staleness bound
+1) with groups produced live, each sampled by the version Redis names at that moment, through 9
+kills: no version is orphaned and no group dropped (with a checkpoint every third step instead,
+groups of orphaned versions are dropped and it fails).
 """
 
 from __future__ import annotations
@@ -22,6 +27,7 @@ import json
 import os
 import random
 import signal
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -149,3 +155,100 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
     kept = sorted(p.name for p in weights.iterdir())
     assert kept == [f"v{v:06d}" for v in range(state["version"] - KEEP_VERSIONS + 1, state["version"] + 1)]
     assert all(json.loads((weights / k / MARKER).read_text())["version"] == int(k[1:]) for k in kept)
+
+
+LIVE_KILLS = 9
+
+
+class _Producer:
+    """A rollout's part, from outside: whenever the trainer has been delivered every entry, two more
+    groups sampled by the version Redis names now (as a replica tags what it samples); remembers
+    each group's id, entry id and version."""
+
+    def __init__(self, r: redis.Redis, tokenizer: Any) -> None:
+        self.r, self.tokenizer = r, tokenizer
+        self.keys = streams.DEFAULT_KEYS
+        self.made: list[tuple[str, str, int]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._run, daemon=True)
+
+    def _delivered_all(self) -> bool:
+        if not self.made:
+            return True
+        (info,) = self.r.xinfo_groups(self.keys.stream)
+        last = info["last-delivered-id"].decode()
+        return tuple(map(int, last.split("-"))) >= tuple(map(int, self.made[-1][1].split("-")))
+
+    def _run(self) -> None:
+        while not self.stop.is_set():
+            if self._delivered_all():
+                v = int(self.r.get(self.keys.trainer_version) or 0)
+                more = synthetic_groups(self.tokenizer, 2, 2, seed=len(self.made), version=v, think_words=2,
+                                        doc_words=4, start_index=len(self.made))  # fmt: skip
+                for g, eid in zip(more, push(self.r, more), strict=True):
+                    self.made.append((g.group_id, eid, v))
+            time.sleep(0.01)
+
+
+def test_random_kill9_with_a_live_producer_drops_no_group(
+    tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
+) -> None:
+    """Issue 30: groups sampled by versions > 0 as the run goes, a realistic staleness bound (1) and
+    a checkpoint at every publish (every preset's setting): no version is orphaned by the kills, so
+    no group is dropped; every group produced is trained exactly once, audited from the stream's
+    entry ids, the produced groups and the final checkpoint's bytes."""
+    r = redis.Redis.from_url(redis_url)
+    keys = streams.DEFAULT_KEYS
+    r.xgroup_create(keys.stream, streams.TRAINER_GROUP, id="0", mkstream=True)
+    producer = _Producer(r, tokenizer)
+    producer.thread.start()
+    run, weights = tmp_path / "run", tmp_path / "weights"
+    extra = ["--set", "publish_every=1", "--set", "checkpoint_every=1", "--set", "staleness_k=1",
+             "--set", f"minibatches_per_step={UPDATES}", "--set", "lld.probe=false"]  # fmt: skip
+    rng = random.Random(20261204)
+    target, outcomes = STEPS, []
+    try:
+        for i in range(LIVE_KILLS):
+            kind = ("random", "checkpoint", "publish")[i % 3]
+            done = max((int(p.name[5:]) for p in run.glob("checkpoints/step_*")), default=0)
+            if target - done < MARGIN:
+                target += MARGIN
+            proc = start_trainer(
+                tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra
+            )
+            try:
+                outcomes.append(
+                    _watch_and_kill(proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), run, weights)
+                )
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+                    proc.wait()
+            assert proc.returncode == -9, (
+                f"kill {i} ({kind}): exit {proc.returncode}\n"
+                + (tmp_path / "trainer.log").read_text()[-3000:]
+            )
+        proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
+        assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
+    finally:
+        producer.stop.set()
+        producer.thread.join(10)
+    print("kills:", outcomes, "steps:", target)
+
+    state = json.loads(sorted((run / "checkpoints").iterdir())[-1].joinpath("state.json").read_text())
+    consumed = state["consumed"]
+    assert len(consumed) == len(set(consumed)) == 2 * target  # nothing twice
+    versions = {gid: v for gid, _, v in producer.made}
+    # What the producer made after the trainer's last read is still in the stream, undelivered.
+    (info,) = r.xinfo_groups(keys.stream)
+    last = tuple(map(int, info["last-delivered-id"].decode().split("-")))
+    delivered = [gid for gid, eid, _ in producer.made if tuple(map(int, eid.split("-"))) <= last]
+    dropped = sorted(set(delivered) - set(consumed))
+    assert not dropped, f"dropped: {[(g, versions[g]) for g in dropped]}"
+    assert sorted(consumed) == sorted(delivered)
+    assert r.xpending(keys.stream, streams.TRAINER_GROUP)["pending"] == 0
+    # Sampled by versions > 0, up to the end; no version orphaned, none aliased: one per step.
+    assert max(versions[g] for g in consumed) >= target - 2
+    assert len({versions[g] for g in consumed}) >= target - 2
+    assert state["lineage"] == {"orphaned": [], "aliases": []} and state["version"] == target
+    assert int(r.get(keys.trainer_version)) == target

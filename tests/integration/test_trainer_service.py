@@ -13,7 +13,7 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any, ClassVar
@@ -24,6 +24,7 @@ import pytest
 import redis
 
 from llds_proto import steplog, streams
+from llds_proto.admin_auth import SIGNATURE_HEADER, SignatureError, Verifier
 from llds_proto.codec import encode_group
 from llds_proto.messages import TrainerInfo
 from llds_server.http import free_port
@@ -39,9 +40,10 @@ class _Rollout(BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers["Content-Length"]))
-        type(self).notices.append(
-            {"path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body)}
-        )
+        type(self).notices.append({
+            "path": self.path, "auth": self.headers.get("Authorization"), "body": json.loads(body),
+            "raw": body, "headers": dict(self.headers), "signature": self.headers.get(SIGNATURE_HEADER),
+        })  # fmt: skip
         out = json.dumps({"version": json.loads(body)["version"], "load_s": 0.01}).encode()
         self.send_response(200)
         self.send_header("Content-Type", "application/json")
@@ -54,14 +56,14 @@ class _Rollout(BaseHTTPRequestHandler):
 
 
 @contextmanager
-def fake_rollout_server() -> Iterator[tuple[str, list[dict[str, Any]]]]:
+def fake_rollout_server(host: str = "127.0.0.1") -> Iterator[tuple[str, list[dict[str, Any]]]]:
     """An HTTP server that records every weight-update notice it receives: (base URL, notices)."""
     handler = type("Handler", (_Rollout,), {"notices": []})
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    srv = ThreadingHTTPServer((host, 0), handler)
     t = threading.Thread(target=srv.serve_forever, daemon=True)
     t.start()
     try:
-        yield f"http://127.0.0.1:{srv.server_address[1]}", handler.notices
+        yield f"http://{host}:{srv.server_address[1]}", handler.notices
     finally:
         srv.shutdown()
         srv.server_close()
@@ -124,9 +126,15 @@ def small_groups(tokenizer: Any) -> list[Any]:
 def test_trains_publishes_notifies_and_serves(
     tiny_model_dir: Path, redis_url: str, tmp_path: Path, fake_rollout: Any, small_groups: list[Any]
 ) -> None:
+    """Two steps, two versions, each notified; (issue 30) the registered replica gets notices signed
+    for its own URL, never the token; a URL registered by someone else, on a host not in
+    ``replica_hosts``, gets nothing."""
     url, notices = fake_rollout
     r = redis.Redis.from_url(redis_url)
     r.hset(streams.DEFAULT_KEYS.registry, "replica-0", url)
+    intruder = ExitStack()
+    intruder_url, intruder_notices = intruder.enter_context(fake_rollout_server("127.0.0.2"))
+    r.hset(streams.DEFAULT_KEYS.registry, "someone-else", intruder_url)
     push(r, small_groups[:2])
     port = free_port()
     base = f"http://127.0.0.1:{port}"
@@ -150,6 +158,7 @@ def test_trains_publishes_notifies_and_serves(
             "llds_trainer_weights_version 1.0",
             "llds_trainer_groups_consumed_total 2.0",
             "llds_trainer_lld_alarm_state 0.0",
+            "llds_trainer_replicas_refused_total 1.0",
         ):
             assert line in metrics
         for name in ("llds_trainer_reward_mean", "llds_trainer_loss", "llds_trainer_llds_term"):
@@ -163,9 +172,12 @@ def test_trains_publishes_notifies_and_serves(
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        intruder.close()
     run = tmp_path / "run"
     records = [json.loads(x) for x in (run / "train_log.jsonl").read_text().splitlines()]
     assert [x["step"] for x in records] == [1, 2]
+    assert intruder_notices == []
+    assert "refused registered replica someone-else" in (tmp_path / "trainer.log").read_text()
     # Each record names the start by its tensors' digest (hashed once, kept for resumes).
     from llds_proto.digest import short, tensors_digest
 
@@ -192,7 +204,16 @@ def test_trains_publishes_notifies_and_serves(
     assert [n["path"] for n in notices] == ["/admin/weights", "/admin/weights"]
     assert [n["body"]["version"] for n in notices] == [1, 2]
     assert [n["body"]["path"] for n in notices] == ["v000001", "v000002"]
-    assert all(n["auth"] == f"Bearer {TOKEN}" for n in notices)
+    # Signed for this replica's URL; the token itself is nowhere in what the replica received.
+    assert all(
+        n["auth"] is None and TOKEN not in json.dumps(n["headers"]) + n["raw"].decode() for n in notices
+    )
+    for n in notices:
+        Verifier(TOKEN, [url]).verify(n["signature"], "POST", "/admin/weights", n["raw"])
+        with pytest.raises(SignatureError, match="does not match"):  # no good at another replica
+            Verifier(TOKEN, ["http://127.0.0.1:8001"]).verify(
+                n["signature"], "POST", "/admin/weights", n["raw"]
+            )
     # The checkpoint is the record of what was trained (it is what acknowledgement waits for).
     state = json.loads(sorted((run / "checkpoints").iterdir())[-1].joinpath("state.json").read_text())
     assert state["consumed"] == [g.group_id for g in small_groups[:4]] and state["consumed_total"] == 4

@@ -36,7 +36,7 @@ from llds_rollout.app import create_app
 from llds_rollout.config import RolloutSettings, VLLMEngineSettings
 from llds_rollout.engine.base import EngineError, GenerationRequest, GenerationResult, WeightLoadError
 from llds_rollout.engine.transfer import WeightTransferError
-from llds_server.http import BackgroundServer
+from llds_server.http import BackgroundServer, free_port
 
 pytestmark = [
     pytest.mark.integration,
@@ -145,8 +145,11 @@ def replicas(tiny_model_dir: Path) -> Iterator[list[tuple[str, Receiver]]]:
         out = []
         for workers in (1, 2):
             engine = Receiver(workers, spec)
-            s = RolloutSettings(model=str(tiny_model_dir), train=False, admin_token=TOKEN, engine=NCCL)
-            srv = stack.enter_context(BackgroundServer(create_app(s, engine)))
+            port = free_port()  # the replica's own URL: the trainer's requests are signed for it
+            s = RolloutSettings(
+                model=str(tiny_model_dir), train=False, admin_token=TOKEN, engine=NCCL, port=port
+            )
+            srv = stack.enter_context(BackgroundServer(create_app(s, engine), port=port))
             deadline = time.monotonic() + 60
             while httpx.get(srv.url + "/health").status_code != 200:
                 assert time.monotonic() < deadline

@@ -1,5 +1,5 @@
 """HTTP surface of the rollout service: /answer, vLLM's OpenAI-compatible /v1 routes, admin routes
-behind a bearer token, /health, /metrics."""
+(the trainer's signed requests, or an operator's bearer token), /health, /metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +17,7 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 from starlette.types import ASGIApp, Receive, Scope, Send
 
+from llds_proto.admin_auth import SIGNATURE_HEADER, SignatureError, Verifier
 from llds_proto.messages import (
     AnswerRequest,
     AnswerResponse,
@@ -29,7 +30,7 @@ from llds_proto.messages import (
 )
 from llds_rollout.answer_admission import AnswerSaturatedError
 from llds_rollout.config import RolloutSettings
-from llds_rollout.engine import Engine, EngineError
+from llds_rollout.engine import Engine, EngineError, WeightSwapError
 from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
 from llds_rollout.retrieval import RetrieverError
 from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
@@ -109,7 +110,8 @@ class OpenAIRoutes:
             )
             resp = JSONResponse({"detail": detail}, status_code=404)
         else:
-            resp = JSONResponse({"detail": "model is still loading"}, status_code=503, headers=RETRY_AFTER)
+            why = self.service.engine.failed or "model is still loading"
+            resp = JSONResponse({"detail": why}, status_code=503, headers=RETRY_AFTER)
         await resp(scope, receive, send)
 
 
@@ -132,10 +134,28 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     app.add_middleware(OpenAIRoutes, service=service)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # outermost
 
-    def require_admin(authorization: str | None = Header(default=None)) -> None:
-        token = settings.admin_token
-        if not token:
+    token = settings.admin_token
+    verifier = (
+        Verifier(token, [settings.replica()[1], *settings.admin_urls], settings.admin_signature_window_s)
+        if token
+        else None
+    )
+
+    async def require_admin(
+        request: Request,
+        authorization: str | None = Header(default=None),
+        signature: str | None = Header(default=None, alias=SIGNATURE_HEADER),
+    ) -> None:
+        """The trainer's signed request (for this replica's own URL), or an operator's bearer token."""
+        if verifier is None or not token:
             raise HTTPException(403, "admin disabled: no LLDS_ADMIN_TOKEN configured")
+        if signature is not None:
+            try:
+                verifier.verify(signature, request.method, request.url.path, await request.body())
+            except SignatureError as e:
+                log.warning("refused a signed admin request to %s: %s", request.url.path, e)
+                raise HTTPException(401, f"bad {SIGNATURE_HEADER}: {e}") from e
+            return
         scheme, _, given = (authorization or "").partition(" ")
         if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
@@ -173,6 +193,10 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     @app.exception_handler(WeightTransferStateError)
     async def _transfer_state(_: Request, e: WeightTransferStateError) -> JSONResponse:
         return JSONResponse({"detail": str(e)}, status_code=409)
+
+    @app.exception_handler(WeightSwapError)
+    async def _swap_failed(_: Request, e: WeightSwapError) -> JSONResponse:
+        return JSONResponse({"detail": f"weights swap failed: {e}"}, status_code=502)
 
     @app.exception_handler(WeightTransferError)
     async def _transfer_failed(_: Request, e: WeightTransferError) -> JSONResponse:

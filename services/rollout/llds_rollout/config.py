@@ -228,12 +228,28 @@ class RolloutSettings(ServiceSettings):
         default=None,
         validation_alias=AliasChoices("admin_token", "LLDS_ADMIN_TOKEN", "LLDS_ROLLOUT_ADMIN_TOKEN"),
     )
-    """Bearer token of the admin routes (env ``LLDS_ADMIN_TOKEN``); unset disables them (403)."""
+    """Secret of the admin routes (env ``LLDS_ADMIN_TOKEN``): the key of the trainer's signed requests
+    and an operator's bearer token; unset disables them (403)."""
+    admin_urls: list[str] = Field(default_factory=list)
+    """Further base URLs the trainer reaches this replica at, besides ``public_url``: a signed admin
+    request names the URL it was sent to and is refused for any URL not this replica's."""
+    admin_signature_window_s: float = Field(default=120.0, gt=0)
+    """How far a signed admin request's time may be from this replica's clock (and how long its nonce
+    is remembered against replays)."""
     api_key: str | None = Field(
         default=None, validation_alias=AliasChoices("api_key", "LLDS_API_KEY", "LLDS_ROLLOUT_API_KEY")
     )
     """Bearer key the OpenAI-compatible ``/v1`` routes require (env ``LLDS_API_KEY``). Unset: ``/v1``
     answers on a loopback ``host`` only, and 403 (naming this setting) when bound beyond loopback."""
+
+    @field_validator("admin_urls")
+    @classmethod
+    def _admin_urls_are_urls(cls, v: list[str]) -> list[str]:
+        from llds_proto.admin_auth import base_url
+
+        for u in v:
+            base_url(u)  # a SignatureError (a ValueError) names the bad one
+        return v
 
     @field_validator("run_id")
     @classmethod

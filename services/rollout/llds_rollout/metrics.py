@@ -68,6 +68,11 @@ class RolloutMetrics:
             "Weight updates refused (old weights kept)",
             registry=r,
         )
+        self.weight_swap_failures = Counter(
+            "llds_rollout_weight_swap_failures_total",
+            "Weight swaps that failed after they began, or whose files changed meanwhile (engine failed)",
+            registry=r,
+        )
         self.groups = Counter(
             "llds_rollout_groups_total", "Finished groups by outcome", ["status"], registry=r
         )

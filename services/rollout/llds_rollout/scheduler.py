@@ -75,7 +75,8 @@ class Admission:
     admit: bool
     reason: str
     """``ok``, ``no_trainer_info``, ``behind`` (engine more than K versions behind), ``capacity``
-    (the trainer could not train one more group in time) or ``max_queued`` (the extra cap)."""
+    (the trainer could not train one more group in time), ``max_queued`` (the extra cap),
+    ``redis_error`` or ``engine_failed`` (a swap failed mid-way: no whole version serving)."""
     capacity: int
     """Groups the trainer can take (queued + in flight, new one included); 0 without trainer info."""
     queued: int
@@ -440,7 +441,11 @@ class GroupProducer:
             while not self._stopping:
                 _raise_if_cancelling()
                 try:
-                    d = await self._try_admit()
+                    d = (
+                        await self._try_admit()
+                        if self.engine.failed is None
+                        else Admission(False, "engine_failed", 0, 0, 0, 0)
+                    )
                 except RedisError as e:
                     self.metrics.redis_errors.inc()
                     d = Admission(False, "redis_error", 0, 0, 0, 0)
@@ -462,7 +467,7 @@ class GroupProducer:
                 if logged != d.reason:
                     self._log_wait(d)
                     logged = d.reason
-                if d.reason == "behind":
+                if d.reason in ("behind", "engine_failed"):  # a whole published version heals a failed swap
                     behind_since = behind_since or time.perf_counter()
                     if (
                         self.catch_up is not None
@@ -493,6 +498,8 @@ class GroupProducer:
             )
         elif d.reason == "redis_error":
             return
+        elif d.reason == "engine_failed":
+            log.warning("admission waiting reason=engine_failed: %s", self.engine.failed)
         else:
             log.info(
                 "admission waiting reason=%s engine=%d trainer=%d k=%d lag=%d queued=%d in_flight=%d "

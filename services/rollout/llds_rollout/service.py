@@ -24,14 +24,23 @@ from llds_proto.messages import (
     WeightUpdateResponse,
 )
 from llds_proto.streams import RunKeys
+from llds_rollout import faults
 from llds_rollout.agent import LoopSettings, run_episode
 from llds_rollout.answer_admission import AnswerAdmission, AnswerSaturatedError, AnswerTicket
 from llds_rollout.config import RolloutSettings
-from llds_rollout.engine import Engine, EngineError, WeightLoadError, build_engine
+from llds_rollout.engine import Engine, EngineError, WeightLoadError, WeightSwapError, build_engine
 from llds_rollout.engine.transfer import CollectiveReceiver, WeightTransferError, collective_receiver
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.retrieval import RetrieverClient, RetrieverError
-from llds_rollout.weights import WeightsError, load_tensors, published_dir_name, verify_published
+from llds_rollout.weights import (
+    WeightsError,
+    identity,
+    load_tensors,
+    published_dir_name,
+    read_shapes,
+    resolve_folder,
+    verify_published,
+)
 from llds_server.settings import redact_url
 
 log = logging.getLogger("llds_rollout.service")
@@ -275,6 +284,9 @@ class RolloutService:
         if self.load_error is not None:
             detail["error"] = self.load_error
             return HealthResponse(status="degraded", service="rollout", detail=detail)
+        if self.engine.failed is not None:
+            detail["error"] = self.engine.failed
+            return HealthResponse(status="degraded", service="rollout", detail=detail)
         if self.producer is not None and self.producer.error is not None:
             detail["error"] = f"group production stopped: {self.producer.error!r}"
             return HealthResponse(status="degraded", service="rollout", detail=detail)
@@ -282,11 +294,17 @@ class RolloutService:
             return HealthResponse(status="starting", service="rollout", detail=detail)
         return HealthResponse(status="ok", service="rollout", detail=detail)
 
-    def require_ready(self) -> None:
+    def require_loaded(self) -> None:
         if self.load_error is not None:
             raise NotReadyError(f"model failed to load: {self.load_error}")
         if not self.engine.ready or self.tokenizer is None or self.searcher is None:
             raise NotReadyError("model is still loading")
+
+    def require_ready(self) -> None:
+        """Loaded and serving one whole version (:class:`NotReadyError`, 503, otherwise)."""
+        self.require_loaded()
+        if self.engine.failed is not None:
+            raise NotReadyError(self.engine.failed)
 
     def admit_answer(self) -> AnswerTicket:
         """A slot (running or queued) for one ``/answer``; :class:`NotReadyError` or
@@ -358,8 +376,9 @@ class RolloutService:
         )
 
     async def update_weights(self, notice: WeightUpdateNotice) -> WeightUpdateResponse:
-        """Verify, load and swap in a published folder; raises :class:`WeightsError` (-> 400)."""
-        self.require_ready()
+        """Verify, load and swap in a published folder; raises :class:`WeightsError` (-> 400) or
+        :class:`WeightSwapError` (-> 502). Taken by an engine whose last swap failed: that heals it."""
+        self.require_loaded()
         t0 = time.perf_counter()
         async with self._swap_lock:
             await self._load_published(notice.version, notice.path)
@@ -369,22 +388,73 @@ class RolloutService:
         return WeightUpdateResponse(version=self.engine.version, load_s=load_s)
 
     async def _load_published(self, version: int, path: str) -> None:
-        """The one verified swap path (under the swap lock): folder checks, tensors, then the swap
-        behind the answer gate. A refused folder leaves the old weights serving (WeightsError)."""
+        """The one verified swap path (under the swap lock): the folder pinned against the trainer's
+        clean-up, its checks, the tensors (or, for an engine that reads the folder itself, their
+        shapes from the headers), the swap behind the answer gate, and a last look that no file
+        changed meanwhile. A refused folder leaves the old weights serving (WeightsError); a swap
+        that failed after it began, or whose files changed under it, leaves the engine failed,
+        serving nothing until a whole version loads (WeightSwapError)."""
         root = self.settings.weights_root
+        pinned = False
         try:
             if root is None:
                 raise WeightsError("this replica has no weights_root configured")
             if version <= self.engine.version:
                 raise WeightsError(f"version {version} is not newer than serving {self.engine.version}")
+            pinned = await self._pin(version)
+            whole = self.engine.version
+            folder = resolve_folder(root, path)
+            before = await asyncio.to_thread(identity, folder)
             published = await asyncio.to_thread(verify_published, root, path, version)
-            tensors = await asyncio.to_thread(load_tensors, published)
+            read = read_shapes if self.engine.reads_folder else load_tensors
+            tensors = await asyncio.to_thread(read, published)
+            await faults.before_swap()
             async with self._gate.write():
-                await self.engine.update_weights(tensors, published.folder, version)  # type: ignore[arg-type]
+                await self.engine.update_weights(tensors, published.folder, version)
+                after = await asyncio.to_thread(identity, folder)
+                if after != before:
+                    changed = sorted(n for n in set(before) | set(after) if before.get(n) != after.get(n))
+                    self.engine.mark_failed(
+                        f"the files of version {version} changed while it loaded ({changed[:3]}): the "
+                        "weights may be mixed: serving nothing until a whole version loads",
+                        version=whole,
+                    )
+                    raise WeightSwapError(self.engine.failed or "")
         except (WeightsError, WeightLoadError) as e:
             self.metrics.weight_rejects.inc()
             log.warning("weight update rejected version=%d path=%s cause=%s", version, path, e)
             raise WeightsError(str(e)) from e
+        except WeightSwapError as e:
+            self.metrics.weight_swap_failures.inc()
+            log.error("weight swap failed version=%d path=%s: %s", version, path, e)
+            raise
+        finally:
+            if pinned:
+                await self._unpin(version)
+
+    async def _pin(self, version: int) -> bool:
+        """Tell the trainer this replica reads ``version``'s folder (RunKeys.weight_pins); False
+        without Redis (a replica that only answers) or when Redis does not answer."""
+        from redis.exceptions import RedisError
+
+        if self.redis is None:
+            return False
+        try:
+            await self.redis.zadd(self.keys.weight_pins, {f"{version}/{self.name}": time.time()})
+        except RedisError as e:
+            self.metrics.redis_errors.inc()
+            log.warning("could not pin version %d against clean-up: %s", version, e)
+            return False
+        return True
+
+    async def _unpin(self, version: int) -> None:
+        from redis.exceptions import RedisError
+
+        try:
+            await self.redis.zrem(self.keys.weight_pins, f"{version}/{self.name}")
+        except RedisError as e:  # the pin expires by itself (the trainer's pin_ttl_s)
+            self.metrics.redis_errors.inc()
+            log.warning("could not unpin version %d: %s", version, e)
 
     def _swapped(self, load_s: float) -> None:
         self.metrics.weights_version.set(self.engine.version)
@@ -416,7 +486,7 @@ class RolloutService:
                 return
             try:
                 await self._load_published(version, path)
-            except WeightsError as e:
+            except (WeightsError, WeightSwapError) as e:
                 self.metrics.catch_ups.labels(status="failed").inc()
                 log.warning("catch-up to version %d failed (still serving %d): %s", version, from_version, e)
                 return

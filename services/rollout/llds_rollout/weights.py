@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -95,6 +96,43 @@ def verify_published(weights_root: Path, rel: str, version: int) -> PublishedWei
         step=int(meta.get("step", 0)),
         safetensors=[folder / n for n in sorted(listed)],
     )
+
+
+def read_shapes(published: PublishedWeights) -> dict[str, tuple[int, ...]]:
+    """Every tensor's shape from the safetensors headers alone (no tensor is read: a 3B policy's
+    check would otherwise read 12 GB into memory); a broken header is a :class:`WeightsError`."""
+    from safetensors import SafetensorError, safe_open
+
+    shapes: dict[str, tuple[int, ...]] = {}
+    for path in published.safetensors:
+        try:
+            with safe_open(str(path), framework="numpy") as f:
+                part = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        except (SafetensorError, OSError, ValueError) as e:
+            raise WeightsError(f"{path.name}: not a readable safetensors file: {e}") from e
+        dup = set(part) & set(shapes)
+        if dup:
+            raise WeightsError(f"{path.name}: tensors repeated across files: {sorted(dup)[:3]}")
+        shapes.update(part)
+    return shapes
+
+
+def identity(folder: Path) -> dict[str, tuple[int, int, int]]:
+    """(inode, size, mtime ns) of every file in ``folder``: taken before the checks and again after
+    the swap, it shows a file rewritten, replaced, added or deleted while they read it (the sha256
+    check cannot see a change after it hashed the file)."""
+    out = {}
+    try:
+        entries = sorted(os.scandir(folder), key=lambda e: e.name)
+    except OSError:
+        return {}
+    for e in entries:
+        try:
+            st = e.stat(follow_symlinks=False)
+        except OSError:
+            continue
+        out[e.name] = (st.st_ino, st.st_size, st.st_mtime_ns)
+    return out
 
 
 def load_tensors(published: PublishedWeights) -> dict[str, object]:

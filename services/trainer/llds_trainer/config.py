@@ -236,6 +236,10 @@ class TrainerConfig(ServiceSettings):
     """Name in the Redis consumer group; keep it stable across restarts to re-read own pending groups."""
     notify_urls: list[str] = Field(default_factory=list)
     """Rollout base URLs notified of each new version, besides those in ``llds:{run_id}:rollout:replicas``."""
+    replica_hosts: list[str] = Field(default_factory=lambda: ["127.0.0.1", "::1", "localhost"], min_length=1)
+    """Hosts a registered replica URL may name; any other registration is refused (logged, counted,
+    never contacted). Each entry is a host name (``*`` globs: ``*.rollout.llds.svc.cluster.local``),
+    an address or a network (``10.0.0.0/8``); ``*`` allows any. ``notify_urls`` are allowed as given."""
     replica_ttl_s: float = Field(default=30.0, gt=0)
     """A registered replica whose heartbeat is older than this is pruned from the registry before a
     version goes out (it died without deregistering); keep it well above the replicas' ``heartbeat_s``."""
@@ -346,7 +350,9 @@ class TrainerConfig(ServiceSettings):
 
     # ---------------------------------------------------------------- outputs
     checkpoint_every: int = Field(default=1, ge=1)
-    """Write a checkpoint every N steps (and on the last and on a stop); groups are acknowledged only then."""
+    """Write a checkpoint every N steps (and on the last and on a stop); groups are acknowledged only then.
+    Keep every publish a checkpoint (``publish_every`` a multiple of this; every preset does): a crash
+    between checkpoints orphans the versions published since, and the groups they sampled are dropped."""
     consumed_window_steps: int = Field(default=64, ge=1)
     """Steps whose group ids the checkpoint keeps for duplicate detection; must be >= checkpoint_every.
     Enough because a trained entry is acknowledged right after the first checkpoint that holds its step,
@@ -360,6 +366,9 @@ class TrainerConfig(ServiceSettings):
     """Publish a new weights version every N steps (independent of ``checkpoint_every``)."""
     keep_versions: int = Field(default=3, ge=1)
     """Published versions kept under ``weights_root`` (older ones garbage-collected)."""
+    pin_ttl_s: float = Field(default=600.0, gt=0)
+    """A published version a replica pinned (it is reading the folder) less than this long ago is
+    not deleted by the clean-up of old versions; an older pin is a replica that died mid-read."""
     keep_versions_every: int = Field(default=0, ge=0)
     """Also keep every published version whose step is a multiple of N (0: none): the checkpoints a
     study evaluates after the run (``llds experiment lld --eval-steps``), 0.5 GB each for SmolLM2."""
@@ -384,6 +393,21 @@ class TrainerConfig(ServiceSettings):
     @classmethod
     def _moved(cls, data: Any) -> Any:
         return refuse_moved(data, MOVED, "these trainer settings moved into sections")
+
+    @field_validator("replica_hosts")
+    @classmethod
+    def _replica_hosts_parse(cls, v: list[str]) -> list[str]:
+        import ipaddress
+
+        for p in v:
+            if "/" in p:
+                try:
+                    ipaddress.ip_network(p, strict=False)
+                except ValueError as e:
+                    raise ValueError(f"replica_hosts entry {p!r} is not a network: {e}") from e
+            elif not p.strip():
+                raise ValueError("replica_hosts has an empty entry")
+        return v
 
     @field_validator("run_id")
     @classmethod

@@ -67,6 +67,11 @@ class TrainerMetrics:
             "Registered rollout replicas pruned for a stale heartbeat.",
             registry=r,
         )
+        self.replicas_refused = Counter(
+            "llds_trainer_replicas_refused_total",
+            "Registered replica URLs refused (host not in replica_hosts); counted once per URL.",
+            registry=r,
+        )
         self.notify_failures = Counter(
             "llds_trainer_notify_failures_total", "Failed weight-update notices.", registry=r
         )

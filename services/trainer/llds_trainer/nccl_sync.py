@@ -26,6 +26,7 @@ from typing import Any
 
 import httpx
 
+from llds_proto.admin_auth import signed
 from llds_proto.messages import WeightTransferInfo, WeightTransferInit, WeightTransferUpdate
 from llds_trainer.publish import NotifyResult
 
@@ -138,7 +139,7 @@ class ReplicaSyncClient:
         if not urls:
             raise NCCLSyncError("no rollout replica to sync weights to")
         self.urls = [u.rstrip("/") for u in urls]
-        self.headers = {"Authorization": f"Bearer {token}"} if token else {}
+        self.token = token
         self.http = httpx.Client(timeout=timeout_s)
         self.slots: list[ReplicaSlot] = []
         self._round: dict[str, Any] | None = None
@@ -210,7 +211,8 @@ class ReplicaSyncClient:
     # -------------------------------------------------------------- transport
     def _call(self, method: str, url: str, path: str, body: dict[str, Any] | None) -> dict[str, Any]:
         try:
-            r = self.http.request(method, url + path, json=body, headers=self.headers)
+            content, headers = signed(self.token, method, url + path, body)
+            r = self.http.request(method, url + path, content=content, headers=headers)
         except httpx.HTTPError as e:
             raise NCCLSyncError(f"{url}: {type(e).__name__}: {e}") from e
         if r.status_code != 200:

@@ -22,6 +22,7 @@ from typing import Any
 
 import httpx
 
+from llds_proto.admin_auth import signed
 from llds_proto.messages import WeightUpdateNotice
 from llds_server.settings import redact_url
 
@@ -82,6 +83,7 @@ def publish_folder(
     max_shard_mb: int = 5000,
     state_dict: dict[str, Any] | None = None,
     keep_every: int = 0,
+    pinned: set[int] | None = None,
 ) -> Path:
     """Write version ``version`` of the policy; returns its folder. Marker last, then old versions GC'd.
 
@@ -97,6 +99,7 @@ def publish_folder(
             this rank by ``Trainer.published_state``); tied names share one tensor.
         keep_every: also keep every version whose step is a multiple of this (0: none); see
             :func:`gc_versions`.
+        pinned: versions a replica is reading now (kept by :func:`gc_versions`).
     """
     root = Path(weights_root)
     root.mkdir(parents=True, exist_ok=True)
@@ -127,7 +130,7 @@ def publish_folder(
     os.replace(marker_tmp, final / MARKER)
     _fsync(final)
     _fsync(root)
-    gc_versions(root, keep, keep_every)
+    gc_versions(root, keep, keep_every, pinned)
     return final
 
 
@@ -139,11 +142,14 @@ def marker_step(folder: Path) -> int | None:
         return None
 
 
-def gc_versions(weights_root: Path, keep: int, keep_every: int = 0) -> list[Path]:
+def gc_versions(
+    weights_root: Path, keep: int, keep_every: int = 0, pinned: set[int] | None = None
+) -> list[Path]:
     """Delete all but the newest ``keep`` complete versions, every version folder without its marker
     and every temp folder; returns what went. With ``keep_every`` > 0 a complete version whose marker
     names a step that is a multiple of it stays too: the checkpoints a study evaluates afterwards
-    (``keep_versions_every``).
+    (``keep_versions_every``). A complete version in ``pinned`` stays as well: a replica is reading
+    it (``RunKeys.weight_pins``), and deleting files under a reading engine mixes its weights.
 
     Call only while no publish is in flight (after one, or at start-up): the trainer is the only
     writer of ``weights_root``, so a temp folder or a folder without ``COMPLETE`` then is a crashed
@@ -160,11 +166,49 @@ def gc_versions(weights_root: Path, keep: int, keep_every: int = 0) -> list[Path
     old = complete[:-keep]
     if keep_every > 0:
         old = [p for p in old if (step := marker_step(p)) is None or step % keep_every != 0]
+    if pinned:
+        old = [p for p in old if int(p.name[1:]) not in pinned]
     gone = [p for _, p in versions if not (p / MARKER).is_file()] + old
     gone.extend(p for p in weights_root.glob(".v*") if re.match(r"^\.v(\d{6})\.", p.name))
     for p in gone:
         shutil.rmtree(p, ignore_errors=True)
     return gone
+
+
+def host_allowed(url: str, patterns: list[str]) -> bool:
+    """Whether ``url``'s host matches one of ``patterns`` (``replica_hosts``): ``*``, a host name
+    glob, an address, or a network in CIDR form. Names are matched as written, never resolved."""
+    import fnmatch
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    try:
+        host = (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return False
+    if not host:
+        return False
+    try:
+        addr: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        addr = None
+    for p in patterns:
+        p = p.strip().lower()
+        if "/" in p and addr is not None:
+            try:
+                if addr in ipaddress.ip_network(p, strict=False):
+                    return True
+            except ValueError:
+                continue
+        elif addr is not None and "*" not in p:
+            try:
+                if addr == ipaddress.ip_address(p):
+                    return True
+            except ValueError:
+                continue
+        elif fnmatch.fnmatchcase(host, p):
+            return True
+    return False
 
 
 @dataclass(frozen=True)
@@ -178,15 +222,18 @@ def notify_replicas(
     urls: list[str], notice: WeightUpdateNotice, token: str | None, timeout_s: float
 ) -> list[NotifyResult]:
     """POST the notice to every replica's ``/admin/weights``, all at once (one slow or dead replica
-    costs at most ``timeout_s``, not that times the replicas); failures are returned, not raised."""
+    costs at most ``timeout_s``, not that times the replicas); failures are returned, not raised.
+    Each request is signed for its own URL with ``token`` (:mod:`llds_proto.admin_auth`); the token
+    itself is never sent."""
     from concurrent.futures import ThreadPoolExecutor
 
-    headers = {"Authorization": f"Bearer {token}"} if token else {}
     body = notice.model_dump(mode="json")
 
     def one(client: httpx.Client, url: str) -> NotifyResult:
+        target = url.rstrip("/") + "/admin/weights"
         try:
-            r = client.post(url.rstrip("/") + "/admin/weights", json=body, headers=headers)
+            content, headers = signed(token, "POST", target, body)
+            r = client.post(target, content=content, headers=headers)
             return NotifyResult(url, r.status_code == 200, f"HTTP {r.status_code}: {r.text[:200]}")
         except httpx.HTTPError as e:
             return NotifyResult(url, False, f"{type(e).__name__}: {e}")

@@ -138,6 +138,7 @@ class TrainerService:
         self.redis: Any = None
         self.tokenizer: Any = None
         self._unacked: list[str] = []
+        self._refused: set[str] = set()
         """Entry ids trained on and not acknowledged yet (acks happen only at checkpoints)."""
         self.start_digest: str | None = None
         self._uniform_skipped = 0
@@ -179,6 +180,12 @@ class TrainerService:
         self.tokenizer = AutoTokenizer.from_pretrained(self.cfg.model)
         if dist.is_main:
             self.run_dir.mkdir(parents=True, exist_ok=True)
+            if self.cfg.publish_every % self.cfg.checkpoint_every:
+                log.warning(
+                    "publish_every %d is not a multiple of checkpoint_every %d: a crash orphans the "
+                    "versions published since the last checkpoint, and the groups they sampled are "
+                    "dropped (docs/reliability.md)", self.cfg.publish_every, self.cfg.checkpoint_every,
+                )  # fmt: skip
             # Ride out a Redis restart (~1 min of retries) instead of failing mid-step: every command
             # the trainer sends is safe to repeat (XACK, XTRIM, SET; a lost XREADGROUP reply leaves the
             # entries pending, and XAUTOCLAIM hands them back).
@@ -237,7 +244,8 @@ class TrainerService:
             if self.cfg.weight_sync == "filesystem":
                 from llds_trainer.publish import gc_versions
 
-                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions, self.cfg.keep_versions_every)
+                gc_versions(Path(self.cfg.weights_root), self.cfg.keep_versions, self.cfg.keep_versions_every,
+                            self._pinned_versions())  # fmt: skip
             self._write_info()
             self._tidy_stream()
         dist.barrier()
@@ -626,6 +634,7 @@ class TrainerService:
                     self.cfg.publish_shard_mb,
                     state_dict=state,
                     keep_every=self.cfg.keep_versions_every,
+                    pinned=self._pinned_versions(),
                 )
                 log.info("published version %d (step %d) to %s", version, step, path)
         if not dist.is_main:
@@ -662,10 +671,36 @@ class TrainerService:
             if not res.ok:
                 self.metrics.notify_failures.inc()
 
+    def _pinned_versions(self) -> set[int]:
+        """Versions a replica pinned (``RunKeys.weight_pins``) less than ``pin_ttl_s`` ago; older
+        pins (a replica that died mid-read) are removed."""
+        from redis.exceptions import RedisError
+
+        cutoff = time.time() - self.cfg.pin_ttl_s
+        try:
+            pipe = self.redis.pipeline(transaction=False)
+            pipe.zremrangebyscore(self.keys.weight_pins, "-inf", f"({cutoff}")
+            pipe.zrangebyscore(self.keys.weight_pins, cutoff, "+inf")
+            _, members = pipe.execute()
+        except RedisError as e:
+            log.warning("could not read the weight pins (keeping every version this time): %s", e)
+            root = Path(self.cfg.weights_root)
+            return (
+                {int(p.name[1:]) for p in root.glob("v*") if p.name[1:].isdigit()} if root.is_dir() else set()
+            )
+        out = set()
+        for m in members:
+            v, _, _ = (m.decode() if isinstance(m, bytes) else str(m)).partition("/")
+            if v.isdigit():
+                out.add(int(v))
+        return out
+
     def _live_replicas(self) -> list[str]:
         """The registered replicas' URLs, after pruning those whose heartbeat is older than
-        ``replica_ttl_s`` (entries with no heartbeat, added by hand, stay)."""
+        ``replica_ttl_s`` (entries with no heartbeat, added by hand, stay) and leaving out those whose
+        host is not in ``replica_hosts``."""
         from llds_server.settings import redact_url
+        from llds_trainer.publish import host_allowed
 
         pipe = self.redis.pipeline(transaction=False)
         pipe.hgetall(self.keys.registry)
@@ -681,6 +716,15 @@ class TrainerService:
         for name, url in registry.items():
             name = name.decode() if isinstance(name, bytes) else str(name)
             url = url.decode() if isinstance(url, bytes) else str(url)
+            if not host_allowed(url, self.cfg.replica_hosts):
+                if url not in self._refused:
+                    self._refused.add(url)
+                    self.metrics.replicas_refused.inc()
+                    log.warning(
+                        "refused registered replica %s (%s): its host is not in replica_hosts %s; it "
+                        "gets no weights", name, redact_url(url), self.cfg.replica_hosts,
+                    )  # fmt: skip
+                continue
             if name in dead:
                 pipe = self.redis.pipeline(transaction=True)
                 pipe.hdel(self.keys.registry, name)

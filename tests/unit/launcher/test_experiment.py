@@ -504,9 +504,8 @@ def test_a_piece_of_the_study_from_another_start_is_refused(
     a, b = _policy(tmp_path / "a", 0.0), _policy(tmp_path / "b", 1.0)
     base = ["--out", str(tmp_path / "study"), "--preset", "cpu", "--steps", "30", "--eval-limit", "0"]
     assert experiment.main([*base, "--model", str(a), "--seeds", "0", "--arms", "grpo"]) == 0
-    assert json.loads((tmp_path / "study" / "study.json").read_text())[
-        "start_digest"
-    ] == experiment.policy_digest(a)
+    recorded = json.loads((tmp_path / "study" / "study.json").read_text())
+    assert recorded["start_digest"] == experiment.policy_digest(a) and recorded["start"] == a.name
     with pytest.raises(SystemExit, match=f"start_digest '{experiment.policy_digest(a)}' there"):
         experiment.main([*base, "--model", str(b), "--seeds", "1", "--arms", "grpo"])
     assert ran == ["grpo"]

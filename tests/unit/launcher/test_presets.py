@@ -21,6 +21,8 @@ def test_trainer_presets_load(path: Path) -> None:
 
     cfg = TrainerConfig.load(path)
     assert cfg.minibatches_per_step >= 2, "LLDS is zero on the first update of a step"
+    # Every publish is a checkpoint (issue 30): a crash orphans no version, so drops no group by design.
+    assert cfg.publish_every % cfg.checkpoint_every == 0, (cfg.publish_every, cfg.checkpoint_every)
 
 
 @pytest.mark.parametrize("preset", ["cpu", "tiny", "gpu"])

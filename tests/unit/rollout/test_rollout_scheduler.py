@@ -231,3 +231,38 @@ def test_group_ids_differ_across_producer_runs(tokenizer: Any) -> None:
     redis = fakeredis.aioredis.FakeRedis()
     a, b = _producer(GatedEngine(tokenizer), redis), _producer(GatedEngine(tokenizer), redis)
     assert a.producer_run != b.producer_run and a.producer_run.startswith("test-")
+
+
+def test_a_failed_engine_starts_no_group_and_asks_for_a_whole_version(tokenizer: Any) -> None:
+    """Issue 30: while a swap that failed mid-way leaves mixed weights, no group starts (not even a
+    failing one: the prompts are not used up), and the catch-up (the service's verified swap path)
+    is asked for the trainer's version, which heals the engine."""
+
+    async def main() -> None:
+        redis = fakeredis.aioredis.FakeRedis()
+        await _info(redis)
+        engine = GatedEngine(tokenizer, version=0)
+        engine.mark_failed("weights update to version 1 failed mid-way")
+        asked: list[int] = []
+
+        async def catch_up(version: int) -> None:
+            asked.append(version)
+            engine._version, engine._failed = version, None  # a whole version loaded
+
+        prod = _producer(engine, redis, catch_up=catch_up, catch_up_after_s=0.3)
+        await redis.set(DEFAULT_KEYS.trainer_version, 1)
+        task = asyncio.create_task(prod.run())
+        await asyncio.sleep(0.2)
+        assert engine.requests == [] and await redis.xlen(DEFAULT_KEYS.stream) == 0
+        assert prod.last_admission is not None and prod.last_admission.reason == "engine_failed"
+
+        async def pushed() -> bool:
+            return await redis.xlen(DEFAULT_KEYS.stream) >= 1
+
+        await _until(pushed)
+        task.cancel()
+        assert asked == [1]
+        (_, fields), *_ = await redis.xrange(DEFAULT_KEYS.stream)
+        assert decode_group(fields[b"group"]).min_version == 1
+
+    asyncio.run(main())

@@ -157,6 +157,34 @@ def test_routes_need_the_bearer_token(nccl: Any, method: str, path: str, body: A
     assert [c for c in engine.calls if c[0] != "generate"] == []
 
 
+@pytest.mark.parametrize(("method", "path", "body"), ROUTES)
+def test_routes_take_the_trainers_signature_for_this_replica_only(
+    nccl: Any, method: str, path: str, body: Any
+) -> None:
+    """The trainer signs instead of sending the token (issue 30): a request signed for this replica's
+    URL passes once; replayed, signed for another URL, or with another key, it is refused."""
+    from llds_proto.admin_auth import SIGNATURE_HEADER, signed
+
+    client, engine = nccl
+    me = "http://127.0.0.1:8001"  # the replica's URL (host and port of its settings)
+
+    def send(key: str, url: str) -> tuple[int, dict[str, str], bytes]:
+        content, headers = signed(key, method, url + path, body)
+        r = client.request(method, path, content=content or None, headers=headers)
+        return r.status_code, headers, content
+
+    code, headers, content = send(TOKEN, me)
+    assert code != 401 and code != 403, code
+    again = client.request(method, path, content=content or None, headers=headers)
+    assert again.status_code == 401 and "replayed" in again.json()["detail"], again.text
+    for key, url in ((TOKEN, "http://127.0.0.1:9999"), ("not-the-token", me)):
+        code, _, _ = send(key, url)
+        assert code == 401
+    assert SIGNATURE_HEADER == "X-LLDS-Signature"
+    calls = [c[0] for c in engine.calls if c[0] != "generate"]
+    assert len(calls) <= 1  # the one accepted request, at most (GET reads no engine state)
+
+
 def test_routes_are_403_without_a_configured_token(tiny_model_dir: Path, tokenizer: Any) -> None:
     with serve(settings(tiny_model_dir, token=None), FakeReceiver(tokenizer)) as client:
         for method, path, body in ROUTES:

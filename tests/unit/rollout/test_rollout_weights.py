@@ -85,3 +85,43 @@ def test_rejects_symlink_escapes(tmp_path: Path) -> None:
     (folder / "model.safetensors").symlink_to(outside / "model.safetensors")
     with pytest.raises(WeightsError, match="not a regular file"):
         verify_published(root, "v000002", 2)
+
+
+def test_shapes_come_from_the_headers(tmp_path: Path) -> None:
+    """What a vLLM replica checks before its swap, without reading a tensor into memory."""
+    from llds_rollout.weights import read_shapes
+
+    folder = _publish(tmp_path, 1)
+    save_file({"b": torch.zeros(4), "c": torch.zeros(2, 2, 5)}, str(folder / "model-2.safetensors"))
+    write_marker(folder, 1, step=3)
+    pub = verify_published(tmp_path, "v000001", 1)
+    assert read_shapes(pub) == {"w": (2, 3), "b": (4,), "c": (2, 2, 5)}
+    assert read_shapes(pub) == {k: tuple(v.shape) for k, v in load_tensors(pub).items()}
+    (folder / "model-2.safetensors").write_bytes(b"\xff" * 16)
+    with pytest.raises(WeightsError, match=r"model-2\.safetensors: not a readable safetensors file"):
+        read_shapes(pub)
+
+
+def test_identity_sees_a_file_rewritten_replaced_added_or_deleted(tmp_path: Path) -> None:
+    from llds_rollout.weights import identity
+
+    folder = _publish(tmp_path, 1)
+    path = folder / "model.safetensors"
+    before = identity(folder)
+    assert set(before) == {"model.safetensors", "config.json", "COMPLETE"} and identity(folder) == before
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0xFF
+    with open(path, "r+b") as f:  # in place, same size
+        f.write(bytes(data))
+    assert identity(folder) != before
+    before = identity(folder)
+    path.with_name("new").write_bytes(bytes(data))
+    os.replace(path.with_name("new"), path)
+    assert identity(folder) != before
+    before = identity(folder)
+    (folder / "extra").write_text("x")
+    assert identity(folder) != before
+    before = identity(folder)
+    (folder / "config.json").unlink()
+    assert identity(folder) != before
+    assert identity(tmp_path / "gone") == {}

@@ -225,7 +225,7 @@ def _candidates(info: FieldInfo) -> list[Any]:
         raw = list(typing.get_args(tp))
     elif origin is list:
         one = _scalar_candidates(typing.get_args(tp)[0], None)
-        raw = [one[:2]]
+        raw = [one[:2], one[2:4]] if len(one) >= 4 else [one[:2]]
     elif origin is tuple:
         args = typing.get_args(tp)
         raw = [tuple(_scalar_candidates(args[0], None)[: len(args)])]
@@ -256,7 +256,7 @@ def _scalar_candidates(tp: Any, default: Any) -> list[Any]:
         return [d * 2, d / 2, d + 0.5, 0.5, 0.25, 1.5, 2.5, 0.75]
     if tp is Path:
         return [Path("/tmp/sample/one"), Path("/tmp/sample/two")]
-    return ["sample-one", "sample-two"]
+    return ["sample-one", "sample-two", "http://sample-one:1", "http://sample-two:2"]  # a URL for URL fields
 
 
 def _argv(dotted: str, value: Any) -> list[str]:

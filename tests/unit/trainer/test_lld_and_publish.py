@@ -300,3 +300,77 @@ def test_notify_logs_replica_urls_without_their_secrets(caplog: pytest.LogCaptur
     assert not res.ok
     assert f"notify http://user:***@127.0.0.1:{port}/?token=*** of version 1 failed" in caplog.text
     assert "hunter2" not in caplog.text and "abc" not in caplog.text
+
+
+@pytest.mark.parametrize(
+    ("url", "allowed"),
+    [
+        ("http://127.0.0.1:8001", True),
+        ("http://localhost:8001", True),
+        ("http://[::1]:8001", True),
+        ("http://127.0.0.2:8001", False),
+        ("http://10.1.2.3:8001", True),
+        ("http://10.1.2.3.evil.example:8001", False),
+        ("http://r-0.rollout.llds.svc.cluster.local:8001", True),
+        ("http://rollout.llds.svc.cluster.local.evil.example:8001", False),
+        ("http://user:pw@evil.example:8001", False),
+        ("not a url", False),
+    ],
+)
+def test_replica_hosts(url: str, allowed: bool) -> None:
+    from llds_trainer.publish import host_allowed
+
+    patterns = ["127.0.0.1", "::1", "localhost", "10.0.0.0/8", "*.rollout.llds.svc.cluster.local"]
+    assert host_allowed(url, patterns) is allowed
+    assert host_allowed(url, ["*"]) is (url != "not a url")
+
+
+def test_replica_hosts_config_names_a_bad_network() -> None:
+    from llds_trainer.config import TrainerConfig
+
+    with pytest.raises(ValueError, match=r"replica_hosts entry '10\.0\.0\.0/33' is not a network"):
+        TrainerConfig(replica_hosts=["10.0.0.0/33"])
+
+
+def test_gc_keeps_a_version_a_replica_is_reading(tmp_path: Path) -> None:
+    """Issue 30: deleting files under a reading engine mixes its weights; a pinned version stays."""
+    import json
+
+    for v in range(1, 6):
+        d = tmp_path / f"v{v:06d}"
+        d.mkdir()
+        (d / MARKER).write_text(json.dumps({"version": v, "step": v, "files": {}}))
+    gc_versions(tmp_path, keep=2, pinned={2})
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000002", "v000004", "v000005"]
+    gc_versions(tmp_path, keep=2)  # unpinned: it goes
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["v000004", "v000005"]
+
+
+def test_pins_expire_and_an_unreadable_redis_keeps_every_version(tmp_path: Path) -> None:
+    import time as _time
+
+    import fakeredis
+    import redis
+
+    from llds_proto import streams
+    from llds_trainer.config import TrainerConfig
+    from llds_trainer.service import TrainerService
+
+    svc = TrainerService(TrainerConfig(pin_ttl_s=60, weights_root=str(tmp_path / "weights")))
+    svc.redis = fakeredis.FakeRedis()
+    now = _time.time()
+    svc.redis.zadd(
+        streams.DEFAULT_KEYS.weight_pins, {"7/rollout-a": now - 5, "3/rollout-b": now - 600, "9/x": now}
+    )
+    assert svc._pinned_versions() == {7, 9}
+    assert (
+        svc.redis.zscore(streams.DEFAULT_KEYS.weight_pins, "3/rollout-b") is None
+    )  # a dead reader's pin went
+
+    class Down:
+        def pipeline(self, transaction: bool = False) -> Any:
+            raise redis.ConnectionError("down")
+
+    svc.redis = Down()
+    (tmp_path / "weights" / "v000004").mkdir(parents=True)
+    assert svc._pinned_versions() == {4}

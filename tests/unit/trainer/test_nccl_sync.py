@@ -115,8 +115,9 @@ def _replica(stack: ExitStack, model: Path, engine: Engine, nccl: bool = True) -
         if nccl
         else VLLMEngineSettings(openai_api=False)
     )
-    settings = RolloutSettings(model=str(model), train=False, admin_token=TOKEN, engine=es)
-    srv = stack.enter_context(BackgroundServer(create_app(settings, engine)))
+    port = free_port()  # the replica knows the URL it is reached at: the trainer's requests are signed for it
+    settings = RolloutSettings(model=str(model), train=False, admin_token=TOKEN, engine=es, port=port)
+    srv = stack.enter_context(BackgroundServer(create_app(settings, engine), port=port))
     deadline = time.monotonic() + 60
     while httpx.get(srv.url + "/health").status_code != 200:
         assert time.monotonic() < deadline
@@ -213,10 +214,12 @@ def test_publish_sends_over_nccl_instead_of_writing_a_folder(tmp_path: Path, ok:
         weights_root=str(tmp_path / "weights"),
         run_dir=str(tmp_path / "run"),
         notify_urls=["http://r1:8001"],
+        replica_hosts=["r2"],
     )
     service = TrainerService(cfg, admin_token=TOKEN)
     service.redis = fakeredis.FakeRedis()
     service.redis.hset(streams.DEFAULT_KEYS.registry, "rollout-b", "http://r2:8001")
+    service.redis.hset(streams.DEFAULT_KEYS.registry, "rollout-c", "http://r3:8001")  # not in replica_hosts
     service.trainer = SimpleNamespace(model=object(), dist=DistContext())  # one process: rank 0 publishes
     service._nccl = sync = FakeSync(ok)
     service._publish(3, 9)
@@ -224,3 +227,4 @@ def test_publish_sends_over_nccl_instead_of_writing_a_folder(tmp_path: Path, ok:
     assert not (tmp_path / "weights").exists()
     assert service.redis.get(streams.DEFAULT_KEYS.trainer_version) == b"3"
     assert service.metrics.notify_failures._value.get() == (0 if ok else 2)
+    assert service.metrics.replicas_refused._value.get() == 1

@@ -4,7 +4,14 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from llds_rollout.engine.base import Engine, EngineError, GenerationRequest, GenerationResult, WeightLoadError
+from llds_rollout.engine.base import (
+    Engine,
+    EngineError,
+    GenerationRequest,
+    GenerationResult,
+    WeightLoadError,
+    WeightSwapError,
+)
 
 if TYPE_CHECKING:
     from llds_rollout.config import EngineSettings
@@ -15,6 +22,7 @@ __all__ = [
     "GenerationRequest",
     "GenerationResult",
     "WeightLoadError",
+    "WeightSwapError",
     "build_engine",
 ]
 

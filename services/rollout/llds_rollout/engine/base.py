@@ -17,8 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
 
-import torch
-
 FinishReason = Literal["stop", "eos", "length"]
 
 
@@ -28,6 +26,11 @@ class EngineError(RuntimeError):
 
 class WeightLoadError(ValueError):
     """Weights that cannot be loaded into this engine (wrong names, shapes or dtypes)."""
+
+
+class WeightSwapError(RuntimeError):
+    """A weight swap failed after it began changing the served weights (or its files changed under
+    it): no whole version is serving, so the engine serves nothing until one loads (-> HTTP 502)."""
 
 
 @dataclass(frozen=True)
@@ -70,13 +73,31 @@ class GenerationResult:
 class Engine(abc.ABC):
     """An inference backend. ``start`` loads the model; ``generate`` may be awaited concurrently."""
 
+    reads_folder: bool = False
+    """True for a backend that loads a published folder from disk itself: it gets the tensors'
+    shapes (from the safetensors headers) instead of the tensors."""
+
     def __init__(self) -> None:
         self._version = 0
+        self._failed: str | None = None
 
     @property
     def version(self) -> int:
         """Weights version serving now."""
         return self._version
+
+    @property
+    def failed(self) -> str | None:
+        """Why this engine serves nothing (a swap that failed mid-way); None while it serves."""
+        return self._failed
+
+    def mark_failed(self, why: str, version: int | None = None) -> None:
+        """Stop serving: the weights are not one whole version. A later whole swap clears it.
+        ``version``: the last version that was whole, so that loading the failed one again counts
+        as newer (the catch-up retries it)."""
+        self._failed = why
+        if version is not None:
+            self._version = version
 
     @property
     @abc.abstractmethod
@@ -92,11 +113,14 @@ class Engine(abc.ABC):
         """Run one request; batched with whatever else is in flight."""
 
     @abc.abstractmethod
-    async def update_weights(self, tensors: Mapping[str, torch.Tensor], folder: Path, version: int) -> None:
+    async def update_weights(self, tensors: Mapping[str, Any], folder: Path, version: int) -> None:
         """Swap in verified weights between requests and serve them as ``version``.
 
-        ``tensors`` are the folder's tensors already read and verified; backends that load from
-        disk themselves use ``folder``. On error the old weights keep serving.
+        ``tensors`` are the folder's tensors already read and verified, or, for a backend that
+        ``reads_folder`` itself, their shapes (name -> tuple). A :class:`WeightLoadError` leaves the
+        old weights serving; a failure after the swap began changing them is a
+        :class:`WeightSwapError` with the engine marked :attr:`failed`. A whole swap clears
+        :attr:`failed`.
         """
 
     @abc.abstractmethod

@@ -38,6 +38,7 @@ from llds_rollout.engine.base import (
     GenerationRequest,
     GenerationResult,
     WeightLoadError,
+    WeightSwapError,
 )
 
 log = logging.getLogger("llds_rollout.engine.hf")
@@ -205,6 +206,8 @@ class TransformersEngine(Engine):
     async def generate(self, request: GenerationRequest) -> GenerationResult:
         if not self._ready:
             raise EngineError("engine is not loaded")
+        if self._failed is not None:
+            raise EngineError(self._failed)
         if request.max_tokens < 1:
             raise ValueError(f"max_tokens must be >= 1, got {request.max_tokens}")
         if not request.prompt_ids:
@@ -293,10 +296,16 @@ class TransformersEngine(Engine):
                 for k, t in swap.tensors.items():
                     sd[k].copy_(t.to(device=self.device, dtype=sd[k].dtype))
         except Exception as e:
+            # The tensors copied before the failure are in: no whole version is serving.
+            self.mark_failed(
+                f"weights update to version {swap.version} failed mid-way (copying: {e}); the weights "
+                "are mixed: serving nothing until a whole version loads"
+            )
             if not swap.fut.done():
-                swap.fut.set_exception(WeightLoadError(f"copying weights failed: {e}"))
+                swap.fut.set_exception(WeightSwapError(self._failed or ""))
             return False
         self._version = swap.version
+        self._failed = None
         log.info("weights swapped version=%d copy_s=%.3f", swap.version, time.perf_counter() - t0)
         if not swap.fut.done():
             swap.fut.set_result(None)

