@@ -126,9 +126,9 @@ def test_llds_up_runs_the_gpu_presets_on_a_tiny_qwen(tmp_path: Path) -> None:
         assert h[K.ACTOR_UPDATES] == 4, h  # minibatches_per_step = 4
         assert h[K.LOSS_KL] is not None and float(str(h[K.LOSS_KL])) >= 0, h  # reference model loaded
         assert h[K.LOSS_ENTROPY] is not None, h
-    # the checkpoint cadence (10): only the last step's checkpoint
+    # a checkpoint at every publish (issue 30: a crash then orphans no version)
     ckpts = sorted(p.name for p in (run_dir / "trainer" / "checkpoints").glob("step_*"))
-    assert ckpts == [f"step_{STEPS:08d}"], ckpts
+    assert ckpts == [f"step_{s:08d}" for s in range(1, STEPS + 1)], ckpts
 
     # each version went out as shards + index, and vLLM reloaded them: the rollout serves the last
     summary = json.loads((run_dir / "summary.json").read_text())
