@@ -88,6 +88,27 @@ def _watch_and_kill(
     return "exited", False
 
 
+def _kill_one_incarnation(
+    i: int, target: int, extra: list[str], rng: random.Random, model: Path, redis_url: str, tmp: Path
+) -> tuple[str, bool]:
+    """Start the trainer for ``target`` steps and SIGKILL it as kill ``i``'s kind says (random time,
+    inside a checkpoint write, inside a publish); it must die of that kill."""
+    kind = ("random", "checkpoint", "publish")[i % 3]
+    proc = start_trainer(model, redis_url, tmp, steps=target, port=free_port(), extra=extra)
+    try:
+        outcome = _watch_and_kill(
+            proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), tmp / "run", tmp / "weights"
+        )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    assert proc.returncode == -9, (
+        f"kill {i} ({kind}): exit {proc.returncode}\n" + (tmp / "trainer.log").read_text()[-3000:]
+    )
+    return outcome
+
+
 def test_random_kill9_loses_nothing_and_trains_nothing_twice(
     tiny_model_dir: Path, redis_url: str, tmp_path: Path, tokenizer: Any
 ) -> None:
@@ -103,7 +124,6 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
     rng = random.Random(20261201)
     outcomes: list[tuple[str, bool]] = []
     for i in range(KILLS):
-        kind = ("random", "checkpoint", "publish")[i % 3]
         done = max((int(p.name[5:]) for p in run.glob("checkpoints/step_*")), default=0)
         if target - done < MARGIN:
             more = synthetic_groups(tokenizer, 2 * MARGIN, 2, seed=9 + i, think_words=2, doc_words=4,
@@ -111,18 +131,7 @@ def test_random_kill9_loses_nothing_and_trains_nothing_twice(
             groups += more
             entry_ids += push(r, more)
             target += MARGIN
-        proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
-        try:
-            outcomes.append(
-                _watch_and_kill(proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), run, weights)
-            )
-        finally:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-        assert proc.returncode == -9, (
-            f"kill {i} ({kind}): exit {proc.returncode}\n" + (tmp_path / "trainer.log").read_text()[-3000:]
-        )
+        outcomes.append(_kill_one_incarnation(i, target, extra, rng, tiny_model_dir, redis_url, tmp_path))
     proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
     assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     print("kills:", outcomes, "steps:", target)
@@ -202,32 +211,17 @@ def test_random_kill9_with_a_live_producer_drops_no_group(
     r.xgroup_create(keys.stream, streams.TRAINER_GROUP, id="0", mkstream=True)
     producer = _Producer(r, tokenizer)
     producer.thread.start()
-    run, weights = tmp_path / "run", tmp_path / "weights"
+    run = tmp_path / "run"
     extra = ["--set", "publish_every=1", "--set", "checkpoint_every=1", "--set", "staleness_k=1",
              "--set", f"minibatches_per_step={UPDATES}", "--set", "lld.probe=false"]  # fmt: skip
     rng = random.Random(20261204)
     target, outcomes = STEPS, []
     try:
         for i in range(LIVE_KILLS):
-            kind = ("random", "checkpoint", "publish")[i % 3]
             done = max((int(p.name[5:]) for p in run.glob("checkpoints/step_*")), default=0)
             if target - done < MARGIN:
                 target += MARGIN
-            proc = start_trainer(
-                tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra
-            )
-            try:
-                outcomes.append(
-                    _watch_and_kill(proc, kind, rng.randint(1, 2), rng.uniform(2.0, 11.0), run, weights)
-                )
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-                    proc.wait()
-            assert proc.returncode == -9, (
-                f"kill {i} ({kind}): exit {proc.returncode}\n"
-                + (tmp_path / "trainer.log").read_text()[-3000:]
-            )
+            outcomes.append(_kill_one_incarnation(i, target, extra, rng, tiny_model_dir, redis_url, tmp_path))
         proc = start_trainer(tiny_model_dir, redis_url, tmp_path, steps=target, port=free_port(), extra=extra)
         assert proc.wait(240) == 0, (tmp_path / "trainer.log").read_text()[-3000:]
     finally:

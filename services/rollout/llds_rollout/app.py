@@ -134,12 +134,12 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
     app.add_middleware(OpenAIRoutes, service=service)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # outermost
 
-    token = settings.admin_token
     verifier = (
-        Verifier(token, [settings.replica()[1], *settings.admin_urls], settings.admin_signature_window_s)
-        if token
+        Verifier(settings.admin_token, [settings.replica()[1], *settings.admin_urls],
+                 settings.admin_signature_window_s)
+        if settings.admin_token
         else None
-    )
+    )  # fmt: skip
 
     async def require_admin(
         request: Request,
@@ -147,7 +147,7 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
         signature: str | None = Header(default=None, alias=SIGNATURE_HEADER),
     ) -> None:
         """The trainer's signed request (for this replica's own URL), or an operator's bearer token."""
-        if verifier is None or not token:
+        if verifier is None:
             raise HTTPException(403, "admin disabled: no LLDS_ADMIN_TOKEN configured")
         if signature is not None:
             try:
@@ -157,7 +157,7 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
                 raise HTTPException(401, f"bad {SIGNATURE_HEADER}: {e}") from e
             return
         scheme, _, given = (authorization or "").partition(" ")
-        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), token.encode()):
+        if scheme.lower() != "bearer" or not hmac.compare_digest(given.encode(), verifier.key.encode()):
             raise HTTPException(401, "missing or wrong bearer token", headers={"WWW-Authenticate": "Bearer"})
 
     @app.exception_handler(RequestValidationError)

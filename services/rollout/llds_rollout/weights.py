@@ -11,8 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 MARKER = "COMPLETE"
 
@@ -101,20 +105,13 @@ def verify_published(weights_root: Path, rel: str, version: int) -> PublishedWei
 def read_shapes(published: PublishedWeights) -> dict[str, tuple[int, ...]]:
     """Every tensor's shape from the safetensors headers alone (no tensor is read: a 3B policy's
     check would otherwise read 12 GB into memory); a broken header is a :class:`WeightsError`."""
-    from safetensors import SafetensorError, safe_open
+    from safetensors import safe_open
 
-    shapes: dict[str, tuple[int, ...]] = {}
-    for path in published.safetensors:
-        try:
-            with safe_open(str(path), framework="numpy") as f:
-                part = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-        except (SafetensorError, OSError, ValueError) as e:
-            raise WeightsError(f"{path.name}: not a readable safetensors file: {e}") from e
-        dup = set(part) & set(shapes)
-        if dup:
-            raise WeightsError(f"{path.name}: tensors repeated across files: {sorted(dup)[:3]}")
-        shapes.update(part)
-    return shapes
+    def header(path: Path) -> dict[str, tuple[int, ...]]:
+        with safe_open(str(path), framework="numpy") as f:
+            return {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+
+    return _each_file(published, header)
 
 
 def identity(folder: Path) -> dict[str, tuple[int, int, int]]:
@@ -137,20 +134,27 @@ def identity(folder: Path) -> dict[str, tuple[int, int, int]]:
 
 def load_tensors(published: PublishedWeights) -> dict[str, object]:
     """All tensors of a verified folder (safetensors only); a broken file is a :class:`WeightsError`."""
-    from safetensors import SafetensorError
     from safetensors.torch import load_file
 
-    tensors: dict[str, object] = {}
+    return _each_file(published, lambda path: load_file(str(path)))
+
+
+def _each_file(published: PublishedWeights, read: Callable[[Path], dict[str, T]]) -> dict[str, T]:
+    """``read`` of every safetensors file, merged: an unreadable file or a tensor name in two files
+    is a :class:`WeightsError`."""
+    from safetensors import SafetensorError
+
+    out: dict[str, T] = {}
     for path in published.safetensors:
         try:
-            part = load_file(str(path))
+            part = read(path)
         except (SafetensorError, OSError, ValueError) as e:
             raise WeightsError(f"{path.name}: not a readable safetensors file: {e}") from e
-        dup = set(part) & set(tensors)
+        dup = set(part) & set(out)
         if dup:
             raise WeightsError(f"{path.name}: tensors repeated across files: {sorted(dup)[:3]}")
-        tensors.update(part)
-    return tensors
+        out.update(part)
+    return out
 
 
 def write_marker(folder: Path, version: int, step: int = 0) -> Path:
