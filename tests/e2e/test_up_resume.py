@@ -1,10 +1,18 @@
-"""``llds up --resume`` after ``kill -9`` of the whole process tree (llds up, every child's process
-group, the Redis server it started): the run continues in the same run dir with the same run id and
-Redis data (the append-only file in RUN_DIR/redis), the trainer from its checkpoint, the rollout on
-the newest published weights, up to the requested total steps, each step trained once. Then, with
-``--restart-on-failure --max-restarts 1``, a ``kill -9`` of the rollout while it serves /answer
-restarts it (on the newest published weights), and a second one, past the restarts allowed, makes
-llds up exit non-zero naming it.
+"""``llds up`` when its processes die, on a real tiny run (vLLM): the run goes on from where it was,
+and nothing of it outlives its launcher. One run, three deaths (one ``llds up`` start fewer than a test
+each: the suite's time):
+
+1. ``kill -9`` of ``llds up`` and, in the same instant, of its trainer at step 1: every other process
+   it started (retriever, rollout with its vLLM engine processes, the Redis server) is gone shortly
+   after without anyone killing them by hand (each child's lifeline, Redis by its parent-death
+   signal), and the trainer's work since its last checkpoint is lost the way a crash loses it.
+2. ``llds up --resume --restart-on-failure --max-restarts 1 --stall-timeout-s 30``: the same run id and
+   Redis data (the append-only file in RUN_DIR/redis), the trainer from its checkpoint, the rollout on
+   the newest published weights. The rollout is frozen with SIGSTOP (alive, silent); the watchdog names
+   it, with its log, kills and restarts it, and the run reaches its total steps, each step trained
+   once. The restarted rollout answers on the trained weights.
+3. A ``kill -9`` of the rollout while it serves, past the restarts allowed, is the run's end: llds up
+   exits non-zero naming it, and leaves nothing running.
 """
 
 from __future__ import annotations
@@ -22,10 +30,13 @@ from llds.up import latest_weights
 
 pytestmark = LLDS_UP_MARKS
 
-TOTAL = 6
+TOTAL = 8
+STALL_S = 30
 
 
-def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path) -> None:
+def test_a_run_survives_its_launchers_death_a_frozen_rollout_and_ends_at_the_restarts_allowed(
+    tmp_path: Path,
+) -> None:
     run_dir = tmp_path / "run-r"
     # Redis is the one llds up starts: its append-only file in the run dir is what resumes
     first = LldsProcess(["up", "--preset", "tiny", "--steps", str(TOTAL), "--run-dir", str(run_dir),
@@ -38,16 +49,22 @@ def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path)
         while latest_weights(run_dir / "weights") is None and time.monotonic() < deadline:
             time.sleep(0.1)
         published = latest_weights(run_dir / "weights")
-        procs = first.kill_tree()
+        procs = first.descendants()
+        assert any("redis" in " ".join(p.cmdline()) or "valkey" in " ".join(p.cmdline()) for p in procs)
+        trainer = first.child_pid("trainer run")
+        os.kill(first.proc.pid, signal.SIGKILL)  # the launcher ...
+        os.kill(trainer, signal.SIGKILL)  # ... and the trainer, as a crash of the host would
+        first.proc.wait(30)
+        left = wait_gone(procs, timeout_s=40)
+        assert left == [], f"outlived their launcher: {[(p.pid, p.cmdline()) for p in alive(left)]}"
     finally:
         first.stop()
-    assert not wait_gone(procs), f"kill -9 left {alive(procs)}"
     run_id = (run_dir / "run_id").read_text().strip()
     done_before = max(int(str(h["step"])) for h in train_log(run_dir))
     assert done_before < TOTAL, "the first run finished before the kill: nothing left to resume"
 
-    again = LldsProcess(["up", "--resume", str(run_dir), "--restart-on-failure", "--max-restarts", "1"],
-                        drop_env=("REDIS_URL",))  # fmt: skip
+    again = LldsProcess(["up", "--resume", str(run_dir), "--restart-on-failure", "--max-restarts", "1",
+                         "--stall-timeout-s", str(STALL_S)], drop_env=("REDIS_URL",))  # fmt: skip
     children = []
     try:
         again.wait_line(rf"run id\s+{re.escape(run_id)} \(resumed at step \d+\)", timeout_s=120)
@@ -55,21 +72,25 @@ def test_resume_after_kill_9_of_the_tree_reaches_the_total_steps(tmp_path: Path)
         assert published is not None and int(m.group(1)) >= published[0]
         rollout_url = again.wait_line(r"rollout\s+(http://\S+)/answer", timeout_s=400).group(1)
         children = again.descendants()
-        again.wait_line("still serving /answer", timeout_s=300)
-        steps = [int(str(h["step"])) for h in train_log(run_dir)]
-        assert steps == list(range(1, TOTAL + 1)), steps  # each step once, none lost to the kill
-        assert (run_dir / "run_id").read_text().strip() == run_id
-
-        # a dead rollout while serving: restarted once, on the trained weights ...
-        os.kill(again.child_pid("rollout serve"), signal.SIGKILL)
-        again.wait_line(r"rollout died \(killed by SIGKILL; log \S+\); restarting it \(1/1\)", timeout_s=30)
+        rollout = again.child_pid("rollout serve")
+        os.kill(rollout, signal.SIGSTOP)  # alive, and silent
+        m = again.wait_line(r"rollout stalled \(pid (\d+)\): (.*); log (\S+)", timeout_s=STALL_S + 120)
+        assert int(m.group(1)) == rollout and m.group(3).endswith("logs/rollout.log"), m.group(0)
+        assert re.search(
+            r"/health has not answered 200|no group reached the stream and no episode finished", m.group(2)
+        ), m.group(0)
         again.wait_line(r"rollout\s+restarted, healthy after", timeout_s=300)
         children += again.descendants()
+        again.wait_line("still serving /answer", timeout_s=600)
+        steps = [int(str(h["step"])) for h in train_log(run_dir)]
+        assert steps == list(range(1, TOTAL + 1)), steps  # each step once, none lost to the kills
+        assert (run_dir / "run_id").read_text().strip() == run_id
         r = httpx.post(
             f"{rollout_url}/answer", json={"question": "Who founded the Kreixvelor Academy?"}, timeout=120
         )
         assert r.status_code == 200 and r.json()["weights_version"] >= TOTAL, r.text
-        # ... and the next death, past the restarts allowed, is the run's end
+        # the next death, past the restarts allowed, is the run's end
+        children += again.descendants()
         os.kill(again.child_pid("rollout serve"), signal.SIGKILL)
         code = again.wait_exit(120)
     finally:

@@ -1,4 +1,4 @@
-"""kill -9 of the trainer at random times, 21 times over one run, audited from Redis and the disk.
+"""kill -9 of the trainer at random times, 12 times over one run, audited from Redis and the disk.
 
 The test produces every group into the stream itself and remembers their group and entry ids. It
 starts the real trainer CLI (publish every step, checkpoint every second step, so restarts orphan
@@ -49,7 +49,7 @@ STEPS = 24
 MARGIN = 16
 """Steps each incarnation has left at least (the target and the produced groups grow to keep it), so
 every kill lands in a running trainer however fast this machine trains."""
-KILLS = 21
+KILLS = 12
 UPDATES = 2
 """Optimizer updates per step (``minibatches_per_step``)."""
 KEEP_VERSIONS = 3
