@@ -241,6 +241,12 @@ def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: 
             done[str(step)] = known[str(step)]
             continue
         if step not in kept:
+            if (folder / "run" / PRUNED).is_file() and step <= _last_step(folder / "run"):
+                raise SystemExit(
+                    f"llds experiment: {run_name(arm, seed)} reached step {step} but its weights were pruned "
+                    f"when the run finished ({folder / 'run' / PRUNED}); evaluate it in a study run with "
+                    "--keep-weights, or name --eval-steps before the run"
+                )
             continue
         if not (ev / "eval.json").is_file():
             evaluate(
@@ -260,6 +266,42 @@ def evaluate_checkpoints(arm: str, seed: int, args: argparse.Namespace, folder: 
     if done and not lld.is_file():
         probe_lld({int(k): kept[int(k)] for k in done}, lld)
     return done
+
+
+PRUNED = "PRUNED"
+"""RUN/PRUNED: what :func:`prune` deleted from a finished, evaluated run (and the bytes it freed)."""
+
+
+def _last_step(run: Path) -> int:
+    log = _read_log(run)
+    return int(log[-1][K.STEP]) if log else 0
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+
+
+def prune(run: Path) -> dict[str, Any]:
+    """Free a finished, evaluated run's disk: every trainer checkpoint and every published version but
+    the newest go (at the cpu-study shape a run keeps about 6 GB of them; a study of arms x seeds
+    would fill a disk). The step log, the Redis append-only file, the evaluations and the newest
+    weights stay; RUN/PRUNED says what went. Idempotent."""
+    import shutil
+
+    gone: list[str] = []
+    freed = 0
+    newest = max(kept_versions(run).items(), default=(None, None))[1]
+    doomed = [d for d in sorted((run / "weights").glob("v*")) if d.is_dir() and d != newest]
+    ckpts = run / "trainer" / "checkpoints"
+    doomed += sorted(d for d in ckpts.glob("*") if d.is_dir()) if ckpts.is_dir() else []
+    for d in doomed:
+        freed += _size(d)
+        shutil.rmtree(d)
+        gone.append(str(d.relative_to(run)))
+    record = {"kept": str(newest.relative_to(run)) if newest else None, "deleted": gone, "freed_bytes": freed}
+    if gone or not (run / PRUNED).is_file():
+        (run / PRUNED).write_text(json.dumps(record, indent=1) + "\n")
+    return record
 
 
 LLD = "lld"
@@ -431,6 +473,7 @@ def run_one(
             if now != result.get("checkpoints"):
                 result["checkpoints"] = now
                 (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+        _prune(folder, args)
         return result
     run = folder / "run"
     resume = (run / "up_config.toml").is_file()
@@ -488,7 +531,17 @@ def run_one(
     (args.out / "logs").mkdir(parents=True, exist_ok=True)
     (args.out / "logs" / f"{run_name(arm, seed)}.jsonl").write_text(compact(log))
     (folder / "result.json").write_text(json.dumps(result, indent=1) + "\n")
+    _prune(folder, args)
     return result
+
+
+def _prune(folder: Path, args: argparse.Namespace) -> None:
+    if getattr(args, "keep_weights", False) or not (folder / "run").is_dir():
+        return
+    rec = prune(folder / "run")
+    if rec["deleted"]:
+        print(f"== {folder.name}: pruned {len(rec['deleted'])} checkpoints and versions "
+              f"({rec['freed_bytes'] / 2**30:.1f} GiB); kept {rec['kept']} (--keep-weights keeps all)", flush=True)  # fmt: skip
 
 
 def evaluate(model: Path, rollout_config: Path, limit: int, out: Path, name: str) -> dict[str, Any]:
@@ -1006,6 +1059,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated subset of " + ",".join(ARMS))
     p.add_argument("--out", type=Path, default=Path("runs/experiment-lld"), help="output folder")
     p.add_argument("--resume", action="store_true", help="skip finished runs, continue interrupted ones")
+    p.add_argument("--keep-weights", action="store_true",
+                   help="keep a finished run's checkpoints and published versions (default: once evaluated, "
+                        "only its newest weights stay; RUN/PRUNED lists what went)")  # fmt: skip
     p.add_argument("--stop-dead", type=int, default=0,
                    help="stop a run once this many consecutive steps had zero reward (0 = never)")  # fmt: skip
     p.add_argument("--write-repo-report", action="store_true",

@@ -589,3 +589,51 @@ def test_every_arm_is_a_valid_trainer_config_on_the_study_preset(arm: str) -> No
         assert cfg.optimizer.skip_updates == "no_signal" and cfg.regularizer.type == "none"
     if arm == "grpo_llds_token":
         assert cfg.regularizer.gate == "token" and cfg.regularizer.coef == 0.2
+
+
+def test_a_finished_run_is_pruned_to_its_newest_weights_and_a_pruned_step_is_not_taken_for_dead(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Once a run is finished and evaluated, its checkpoints and every version but the newest are
+    deleted (bytes on disk), RUN/PRUNED says what went, --keep-weights keeps them, and asking later for
+    a step whose weights went is an error naming it, not a step counted as dead."""
+    import subprocess
+
+    evals: list[list[str]] = []
+    monkeypatch.setattr(subprocess, "run", _fake_eval(evals, em=0.5))
+    monkeypatch.setattr(experiment, "probe_lld", lambda models, out: None)
+    folder = tmp_path / "runs" / "grpo-s0"
+    run = folder / "run"
+    for version in (10, 20, 30):
+        d = run / "weights" / f"v{version:06d}"
+        d.mkdir(parents=True)
+        (d / "model.safetensors").write_bytes(b"w" * 1000)
+        (d / "COMPLETE").write_text(json.dumps({"version": version, "step": version, "files": {}}))
+    (run / "weights" / ".v000031.tmp").mkdir()  # a temp folder a crash left: not a version, goes too
+    for step in (29, 30):
+        (run / "trainer" / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
+        (run / "trainer" / "checkpoints" / f"step_{step:08d}" / "optimizer.pt").write_bytes(b"o" * 3000)
+    (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
+    (folder / "rollout_variant.toml").write_text("topk = 2\n")
+    shape = experiment._shape(folder / "rollout_variant.toml")
+    (folder / "result.json").write_text(json.dumps({"arm": "grpo", "seed": 0, "eval_shape": shape}))
+    args = argparse.Namespace(out=tmp_path, preset="cpu-study", eval_limit=10, resume=True, eval_steps=[],
+                              keep_weights=True)  # fmt: skip
+    experiment.run_one("grpo", 0, args)
+    assert len(list((run / "weights").iterdir())) == 4 and not (run / experiment.PRUNED).exists()
+
+    args.keep_weights = False
+    experiment.run_one("grpo", 0, args)
+    assert sorted(p.name for p in (run / "weights").iterdir()) == ["v000030"]
+    assert list((run / "trainer" / "checkpoints").iterdir()) == []
+    rec = json.loads((run / experiment.PRUNED).read_text())
+    assert rec["kept"] == "weights/v000030" and rec["freed_bytes"] == 2000 + 6000
+    assert set(rec["deleted"]) == {"weights/v000010", "weights/v000020", "weights/.v000031.tmp",
+                                   "trainer/checkpoints/step_00000029", "trainer/checkpoints/step_00000030"}  # fmt: skip
+    assert (run / "trainer" / "train_log.jsonl").is_file()
+    experiment.run_one("grpo", 0, args)  # idempotent: the record of what went stays
+    assert json.loads((run / experiment.PRUNED).read_text()) == rec
+
+    args.eval_steps = [20]
+    with pytest.raises(SystemExit, match=r"grpo-s0 reached step 20 but its weights were pruned"):
+        experiment.run_one("grpo", 0, args)
