@@ -27,6 +27,10 @@ DEAD_LETTER_MAXLEN = 10_000
 """Approximate cap of a run's dead-letter stream (``XADD MAXLEN ~``): Redis stays bounded even when
 a producer sends nothing but poison."""
 
+DATA_DROPPED_MAXLEN = 100_000
+"""Approximate cap of a run's drop record (a few MB): Redis stays bounded, an audit of a long run
+still sees every drop."""
+
 POISON_REASONS = ("invalid", "out_of_vocab", "too_long", "failed")
 """Drop reasons that set an entry aside in the dead-letter stream (the entry itself is bad); other
 drops (stale, duplicate, foreign, ...) are normal operation and are only counted."""
@@ -92,6 +96,28 @@ class RunKeys:
     def in_flight(self) -> str:
         """Hash: rollout replica name -> groups it is sampling now (admission across replicas)."""
         return f"llds:{self.run_id}:rollout:in_flight"
+
+    @property
+    def data_cursor(self) -> str:
+        """String (integer): the next position of the run's data order no replica has claimed yet.
+        Position p is the prompt at ``p % n`` of epoch ``p // n``'s order (the rollout's dataset, seed
+        and shuffle); a resumed run goes on from here."""
+        return f"llds:{self.run_id}:data:cursor"
+
+    @property
+    def data_claims(self) -> str:
+        """Hash: position -> ``<replica>\t<lease start>\t<failed attempts>``, the positions being
+        sampled now. A claim's end and its group's stream entry (or drop record) are one write; a claim
+        whose lease (Redis time) ran out is taken over by another replica."""
+        return f"llds:{self.run_id}:data:claims"
+
+    @property
+    def data_dropped(self) -> str:
+        """Stream of positions that will never reach the trajectory stream: fields ``position``,
+        ``prompt_id``, ``group_id``, ``why`` (``stale``: too far behind the trainer when sampled;
+        ``failed``: failed ``max_attempts`` times) and ``producer``. Capped at
+        :data:`DATA_DROPPED_MAXLEN` entries (approximately: oldest go first)."""
+        return f"llds:{self.run_id}:data:dropped"
 
     @property
     def trainer_version(self) -> str:

@@ -479,7 +479,8 @@ def _rewrite_in_place(path: Path) -> None:
 
 
 def test_a_folder_changed_under_the_swap_stops_serving_until_a_whole_version_loads(
-    tiny_model_dir: Path, retriever: Any, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model_dir: Path, retriever: Any, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Issue 30: the replica pins the folder it reads (the trainer's clean-up keeps it); a folder
     rewritten after its checks and before the engine is done with it fails the engine: /answer stops
@@ -513,6 +514,8 @@ def test_a_folder_changed_under_the_swap_stops_serving_until_a_whole_version_loa
                 timeout=60,
             )  # fmt: skip
             _wait(lambda: r.zscore(keys.weight_pins, "1/swapper") is not None, 10, "the pin of v1")
+            # after the checks passed (a change before them is a plain rejection, a 400)
+            _wait(lambda: "fault injection: the checked folder is read" in caplog.text, 30, "the checks")
             _rewrite_in_place(v1 / "model.safetensors")
             failed = swap.result()
         monkeypatch.delenv(SWAP_DELAY_ENV)

@@ -194,6 +194,13 @@ class RolloutSettings(ServiceSettings):
     admission derives from the trainer's pace (0 = the derived bound only; never below one step)."""
     in_flight_ttl_s: float = Field(default=15.0, gt=0)
     """Another replica's published in-flight count older than this is ignored (a dead replica)."""
+    data_claim_lease_s: float = Field(default=120.0, gt=0)
+    """A position of the run's shared data order this replica claimed and stopped renewing (every
+    quarter of this, by Redis time) is taken over by another replica after this long: a replica that
+    died, froze or lost Redis. Longer than any pause a live replica may take between renewals."""
+    max_attempts: int = Field(default=3, ge=1)
+    """A prompt whose group fails (retriever or engine errors) is sampled again, by any replica, up
+    to this many times in all; then it is recorded as dropped (``why=failed``)."""
     catch_up_after_s: float = Field(default=5.0, ge=0)
     """Admission waiting this long with the engine more than K versions behind loads the trainer's
     newest published folder itself (a missed notice); the trainer's notice normally comes first."""
@@ -270,6 +277,11 @@ class RolloutSettings(ServiceSettings):
             raise ValueError(
                 f"in_flight_ttl_s ({self.in_flight_ttl_s}) must exceed twice version_poll_s "
                 f"({self.version_poll_s}): a live replica refreshes its in-flight count every poll"
+            )
+        if self.data_claim_lease_s <= 4 * self.version_poll_s:
+            raise ValueError(
+                f"data_claim_lease_s ({self.data_claim_lease_s}) must exceed four times version_poll_s "
+                f"({self.version_poll_s}): a live replica renews its claims every quarter lease, at a poll"
             )
         return self
 

@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import random
 import re
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -74,14 +73,32 @@ def load_rows(path: Path) -> list[PromptRow]:
     return rows
 
 
-def endless(rows: list[PromptRow], *, shuffle: bool, seed: int) -> Iterator[tuple[PromptRow, int]]:
-    """(row, epoch) forever, reshuffled every epoch."""
-    rng = random.Random(seed)
-    epoch = 0
-    while True:
-        order = list(rows)
-        if shuffle:
-            rng.shuffle(order)
-        for row in order:
-            yield row, epoch
-        epoch += 1
+class DataOrder:
+    """The run's data order as positions: position p is (row, epoch) ``at(p)``, every row once per
+    epoch, each epoch reshuffled by one generator seeded with ``seed`` (the order a single replica
+    has always walked), so that any replica can start anywhere in it (the shared cursor:
+    :mod:`llds_rollout.cursor`)."""
+
+    def __init__(self, rows: list[PromptRow], *, shuffle: bool, seed: int) -> None:
+        if not rows:
+            raise DatasetError("no prompt rows: an empty dataset has no data order")
+        self.rows = rows
+        self.shuffle = shuffle
+        self.seed = seed
+        self._rng = random.Random(seed)
+        self._orders: list[list[int]] = []
+        """Epoch -> row indices, generated in epoch order (the generator's state moves on with them)."""
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def at(self, position: int) -> tuple[PromptRow, int]:
+        if position < 0:
+            raise ValueError(f"data position {position} < 0")
+        epoch, i = divmod(position, len(self.rows))
+        while len(self._orders) <= epoch:
+            order = list(range(len(self.rows)))
+            if self.shuffle:
+                self._rng.shuffle(order)
+            self._orders.append(order)
+        return self.rows[self._orders[epoch][i]], epoch

@@ -76,6 +76,30 @@ class RolloutMetrics:
         self.groups = Counter(
             "llds_rollout_groups_total", "Finished groups by outcome", ["status"], registry=r
         )
+        self.data_position = Gauge(
+            "llds_rollout_data_position",
+            "The highest position of the run's shared data order this replica claimed (epoch = position // rows)",
+            registry=r,
+        )
+        self.data_claims = Counter(
+            "llds_rollout_data_claims_total",
+            "Positions of the data order claimed: new (off the cursor), retaken (a dead replica's lease ran "
+            "out) or retried (a failed attempt's)",
+            ["how"],
+            registry=r,
+        )
+        self.data_dropped = Counter(
+            "llds_rollout_data_dropped_total",
+            "Positions recorded as dropped (in the run's data:dropped stream), by why",
+            ["why"],
+            registry=r,
+        )
+        self.data_claims_lost = Counter(
+            "llds_rollout_data_claims_lost_total",
+            "Groups not pushed because their position was no longer this replica's (its lease ran out and "
+            "another replica took it over)",
+            registry=r,
+        )
         self.stale_drops = Counter(
             "llds_rollout_stale_groups_dropped_total",
             "Groups dropped for exceeding the staleness bound",

@@ -18,7 +18,7 @@ import json
 import logging
 import random
 import time
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,7 +31,8 @@ from llds_proto.messages import TrainerInfo, TrajectoryGroup
 from llds_proto.search_protocol import prompt_ids
 from llds_proto.streams import DEFAULT_KEYS, GROUP_FIELD, TRAINER_GROUP, RunKeys
 from llds_rollout.agent import LoopSettings, Searcher, run_episode
-from llds_rollout.dataset import PromptRow
+from llds_rollout.cursor import Claim, DataCursor
+from llds_rollout.dataset import DataOrder, PromptRow
 from llds_rollout.engine.base import Engine, EngineError
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.retrieval import RetrieverError
@@ -218,7 +219,7 @@ class GroupProducer:
         engine: Engine,
         searcher: Searcher,
         tokenizer: Any,
-        prompts: Iterator[tuple[PromptRow, int]],
+        data: DataOrder,
         redis: aioredis.Redis,
         metrics: RolloutMetrics,
         loop_settings: LoopSettings,
@@ -233,11 +234,13 @@ class GroupProducer:
         in_flight_ttl_s: float = 15.0,
         catch_up: Callable[[int], Awaitable[None]] | None = None,
         catch_up_after_s: float = 5.0,
+        claim_lease_s: float = 60.0,
+        max_attempts: int = 3,
     ) -> None:
         self.engine = engine
         self.searcher = searcher
         self.tokenizer = tokenizer
-        self.prompts = prompts
+        self.data = data
         self.redis = redis
         self.metrics = metrics
         self.loop_settings = loop_settings
@@ -251,9 +254,15 @@ class GroupProducer:
         self.catch_up = catch_up
         """Loads the trainer's newest published version (the service's verified swap path)."""
         self.catch_up_after_s = catch_up_after_s
-        # Group ids must stay unique when a replica restarts and replays its epochs from the start:
-        # the trainer treats a repeated id as a redelivery and drops it.
+        # This incarnation's name on its claims: a restarted replica is another owner, so the claims of
+        # the one that died are taken over once their lease runs out.
         self.producer_run = f"{self.producer}-{time.time_ns():x}"
+        self.cursor = DataCursor(redis, keys, self.producer_run, claim_lease_s)
+        self.claim_lease_s = claim_lease_s
+        self.max_attempts = max_attempts
+        self._claimed: set[int] = set()
+        self._renewed = time.monotonic()
+        """Positions this replica claimed and has not yet pushed, dropped or given back."""
         self.trainer_version = 0
         self.pushed = 0
         self.last_admission: Admission | None = None
@@ -297,8 +306,12 @@ class GroupProducer:
                 if self._stopping or start_version is None:
                     self._slots.release()
                     break
-                row, epoch = next(self.prompts)
-                task = asyncio.create_task(self._group(row, epoch, start_version))
+                claim = await self._claim()
+                if claim is None:  # stopped while Redis was away
+                    self._release(start_version)
+                    self._slots.release()
+                    break
+                task = asyncio.create_task(self._group(claim, start_version))
                 self._tasks.add(task)
                 task.add_done_callback(self._group_done)
             if self.error is not None:
@@ -307,6 +320,52 @@ class GroupProducer:
             for t in [*self._tasks, *aux]:
                 t.cancel()
             await asyncio.gather(*self._tasks, *aux, return_exceptions=True)
+            await self._give_back()
+
+    async def _claim(self) -> Claim | None:
+        """The next position of the shared data order (waits out a Redis outage; None: stopped)."""
+        delay = 0.1
+        while not self._stopping:
+            try:
+                claim = await self.cursor.claim()
+            except RedisError as e:
+                self.metrics.redis_errors.inc()
+                log.warning("claiming a data position failed retry_in=%.1fs cause=%s", delay, e)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+                continue
+            self._claimed.add(claim.position)
+            how = "new" if not claim.retaken_from else "retried" if claim.retaken_from == "released" else "retaken"
+            self.metrics.data_claims.labels(how=how).inc()
+            if how == "new":
+                self.metrics.data_position.set(claim.position)
+            else:
+                log.info("data position %d claimed again how=%s from=%s attempts=%d", claim.position, how,
+                         claim.retaken_from, claim.attempts)  # fmt: skip
+            return claim
+        return None
+
+    async def _give_back(self) -> None:
+        """On stop: the positions not yet pushed go back for the next replica (or this one restarted)
+        to claim at once, not after their lease."""
+        for position in sorted(self._claimed):
+            try:
+                await self.cursor.release(position, failed=False)
+            except RedisError as e:
+                log.warning("giving back data position %d failed (its lease will run out): %s", position, e)
+        self._claimed.clear()
+
+    async def _renew_claims(self) -> None:
+        try:
+            held = sorted(self._claimed)
+            kept = await self.cursor.renew(held)
+        except RedisError as e:
+            self.metrics.redis_errors.inc()
+            log.warning("renewing data claims failed: %s", e)
+            return
+        if kept < len(held):
+            log.warning("%d of this replica's %d data claims were taken over (their lease ran out): their "
+                        "groups will not be pushed", len(held) - kept, len(held))  # fmt: skip
 
     def _group_done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
@@ -528,6 +587,9 @@ class GroupProducer:
             await asyncio.sleep(self.version_poll_s)
             await self._read_version()
             await self._refresh_in_flight()
+            if time.monotonic() - self._renewed >= self.claim_lease_s / 4:
+                self._renewed = time.monotonic()
+                await self._renew_claims()
 
     def is_stale(self, group: TrajectoryGroup) -> bool:
         """True if the group's oldest sampled token is more than K versions behind the trainer."""
@@ -539,8 +601,10 @@ class GroupProducer:
         """The group left this replica (pushed, dropped or failed): others stop counting it."""
         self._held.remove(start_version)
 
-    async def _group(self, row: PromptRow, epoch: int, start_version: int) -> None:
-        group_id = f"{row.prompt_id}:{epoch}:{self.producer_run}"
+    async def _group(self, claim: Claim, start_version: int) -> None:
+        row, epoch = self.data.at(claim.position)
+        # One id per position of the data order: whoever samples it, however often it is attempted
+        group_id = f"{row.prompt_id}:{epoch}:p{claim.position}"
         buffered = False
         try:
             prompt = prompt_ids(self.tokenizer, row.question)
@@ -576,6 +640,7 @@ class GroupProducer:
                 self.metrics.trajectories.labels(status="failed").inc(len(errors))
                 self.metrics.groups.labels(status="failed").inc()
                 log.warning("group failed group_id=%s failed=%d cause=%s", group_id, len(errors), errors[0])
+                await self._failed(claim, row, group_id)
                 return
             group = TrajectoryGroup(
                 group_id=group_id,
@@ -588,10 +653,10 @@ class GroupProducer:
                 run_id=self.keys.run_id,
             )
             if self.is_stale(group):
-                self._drop(group)
+                await self._drop(group, claim.position)
                 return
             # Waiting here holds the group's slot: a full buffer stops new groups (backpressure).
-            await self._buffer.put((group, start_version))
+            await self._buffer.put((group, start_version, claim.position))
             buffered = True
             self.metrics.buffer.set(self._buffer.qsize())
         finally:
@@ -599,7 +664,40 @@ class GroupProducer:
                 self._release(start_version)
             self._slots.release()
 
-    def _drop(self, group: TrajectoryGroup) -> None:
+    async def _settle(self, what: str, position: int, op: Callable[[], Awaitable[Any]]) -> Any:
+        """Run a claim-ending write, retrying while Redis is away (until stopped: then the lease runs out
+        and the position is sampled again)."""
+        delay = 0.1
+        while True:
+            try:
+                out = await op()
+                self._claimed.discard(position)
+                return out
+            except RedisError as e:
+                self.metrics.redis_errors.inc()
+                log.warning("%s of data position %d failed retry_in=%.1fs cause=%s", what, position, delay, e)
+                if self._stopping:
+                    return None
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 5.0)
+
+    async def _failed(self, claim: Claim, row: PromptRow, group_id: str) -> None:
+        """A failed attempt gives its position back for another; the last allowed one drops it."""
+        if claim.attempts + 1 >= self.max_attempts:
+            why = "failed"
+            if await self._settle("drop", claim.position, lambda: self.cursor.drop(claim.position, row.prompt_id, group_id, why)):
+                self.metrics.data_dropped.labels(why=why).inc()
+                log.warning("data position %d dropped: failed %d times group_id=%s", claim.position,
+                            claim.attempts + 1, group_id)  # fmt: skip
+            return
+        await self._settle("release", claim.position, lambda: self.cursor.release(claim.position))
+
+    async def _drop(self, group: TrajectoryGroup, position: int) -> None:
+        why = "stale"
+        if await self._settle("drop", position, lambda: self.cursor.drop(position, group.prompt_id, group.group_id, why)):
+            self.metrics.data_dropped.labels(why=why).inc()
+        else:
+            self.metrics.data_claims_lost.inc()
         self.metrics.stale_drops.inc()
         self.metrics.groups.labels(status="stale").inc()
         log.warning(
@@ -614,23 +712,37 @@ class GroupProducer:
     async def _pusher(self) -> None:
         while True:
             _raise_if_cancelling()
-            group, start_version = await self._buffer.get()
+            group, start_version, position = await self._buffer.get()
             if self.is_stale(group):
-                self._drop(group)
+                await self._drop(group, position)
                 self._release(start_version)
                 self.metrics.buffer.set(self._buffer.qsize())
                 continue
             data = encode_group(group)
             delay = 0.1
+            retried = False
             while True:
                 try:
-                    await self.redis.xadd(self.keys.stream, {GROUP_FIELD: data})
+                    entry = await self.cursor.push(position, GROUP_FIELD.decode(), data)
                     break
                 except RedisError as e:
                     self.metrics.redis_errors.inc()
                     log.warning("push failed group_id=%s retry_in=%.1fs cause=%s", group.group_id, delay, e)
+                    retried = True
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, 5.0)
+            self._claimed.discard(position)
+            if entry is None:
+                # Taken over (this replica's lease ran out), or, after a failed attempt, pushed by that
+                # attempt (its reply lost): either way not pushed now, and the stream has it at most once.
+                self._release(start_version)
+                await self._refresh_in_flight()
+                self.metrics.data_claims_lost.inc()
+                self.metrics.groups.labels(status="lost_claim").inc()
+                log.warning("group not pushed group_id=%s: data position %d is no longer this replica's%s",
+                            group.group_id, position, " (or the failed attempt before pushed it)" if retried else "")  # fmt: skip
+                self.metrics.buffer.set(self._buffer.qsize())
+                continue
             # Released only once in the stream: in between, others count it in flight, not nowhere.
             self._release(start_version)
             await self._refresh_in_flight()

@@ -158,7 +158,7 @@ class RolloutService:
     def _start_producer(self) -> None:
         import redis.asyncio as aioredis
 
-        from llds_rollout.dataset import endless, load_rows
+        from llds_rollout.dataset import DataOrder, load_rows
         from llds_rollout.scheduler import GroupProducer
 
         s = self.settings
@@ -169,7 +169,7 @@ class RolloutService:
             engine=self.engine,
             searcher=self.searcher,
             tokenizer=self.tokenizer,
-            prompts=endless(rows, shuffle=s.shuffle, seed=s.seed),
+            data=DataOrder(rows, shuffle=s.shuffle, seed=s.seed),
             redis=self.redis,
             metrics=self.metrics,
             loop_settings=self.loop_settings(train=True),
@@ -184,6 +184,8 @@ class RolloutService:
             in_flight_ttl_s=s.in_flight_ttl_s,
             catch_up=self.catch_up,
             catch_up_after_s=s.catch_up_after_s,
+            claim_lease_s=s.data_claim_lease_s,
+            max_attempts=s.max_attempts,
         )
         self._tasks.append(asyncio.create_task(self._produce()))
 

@@ -26,7 +26,7 @@ from llds_proto.codec import decode_group
 from llds_proto.messages import TrainerInfo
 from llds_proto.streams import DEFAULT_KEYS, DEFAULT_RUN_ID, GROUP_FIELD, TRAINER_GROUP
 from llds_rollout.agent import LoopSettings
-from llds_rollout.dataset import endless
+from llds_rollout.dataset import DataOrder
 from llds_rollout.engine.base import GenerationRequest, GenerationResult
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.scheduler import GroupProducer
@@ -133,7 +133,7 @@ def test_admitted_groups_are_never_stale(
         redis = fakeredis.aioredis.FakeRedis()
         engine = RandomEngine(tokenizer, rng, turn_s)
         prod = GroupProducer(
-            engine=engine, searcher=_Searcher(), tokenizer=tokenizer, prompts=endless(ROWS, shuffle=False, seed=0),
+            engine=engine, searcher=_Searcher(), tokenizer=tokenizer, data=DataOrder(ROWS, shuffle=False, seed=0),
             redis=redis, metrics=RolloutMetrics(), loop_settings=LoopSettings(max_turns=1, max_tokens_per_turn=8),
             group_size=2, max_staleness=k, max_groups_in_flight=in_flight, buffer_groups=8, version_poll_s=0.005,
             producer="sim",

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import itertools
 import json
 from pathlib import Path
 
 import pytest
 
 from llds_proto.search_protocol import prompt_text
-from llds_rollout.dataset import DatasetError, endless, load_rows
+from llds_rollout.dataset import DataOrder, DatasetError, load_rows
 
 
 def _write(path: Path, rows: list[dict]) -> Path:
@@ -46,10 +45,37 @@ def test_rejects_bad_rows(tmp_path: Path) -> None:
         load_rows(tmp_path / "c.jsonl")
 
 
-def test_endless_cycles_epochs(tmp_path: Path) -> None:
+def test_the_data_order_is_every_row_once_an_epoch_in_the_order_one_replica_always_walked(
+    tmp_path: Path,
+) -> None:
+    """Position p -> (row, epoch): every row once per epoch, each epoch reshuffled by one generator
+    seeded with the seed; the same positions give the same rows in any order they are asked for, and
+    the order is the one a single replica walked before the shared cursor (a study's data order did not
+    change with it)."""
+    import random
+
     rows = load_rows(
-        _write(tmp_path / "d.jsonl", [{"id": i, "question": "q", "golden_answers": ["a"]} for i in range(3)])
+        _write(tmp_path / "d.jsonl", [{"id": i, "question": "q", "golden_answers": ["a"]} for i in range(5)])
     )
-    drawn = list(itertools.islice(endless(rows, shuffle=True, seed=1), 7))
-    assert sorted(r.prompt_id for r, e in drawn if e == 0) == ["data:0", "data:1", "data:2"]
-    assert [e for _, e in drawn] == [0, 0, 0, 1, 1, 1, 2]
+
+    def walked(seed: int) -> list[tuple[str, int]]:  # the generator the rollout used before positions
+        rng, out = random.Random(seed), []
+        for epoch in range(4):
+            order = list(rows)
+            rng.shuffle(order)
+            out += [(r.prompt_id, epoch) for r in order]
+        return out
+
+    order = DataOrder(rows, shuffle=True, seed=1)
+    got = [(r.prompt_id, e) for r, e in (order.at(p) for p in range(20))]
+    assert got == walked(1)
+    assert sorted(p for p, e in got if e == 2) == [f"data:{i}" for i in range(5)]
+    assert got != walked(2) and len(order) == 5
+    late = DataOrder(rows, shuffle=True, seed=1)  # a replica that starts at position 17
+    assert [(late.at(p)[0].prompt_id, late.at(p)[1]) for p in (17, 3, 12)] == [got[17], got[3], got[12]]
+    plain = DataOrder(rows, shuffle=False, seed=1)
+    assert [plain.at(p)[0].prompt_id for p in (0, 4, 5, 7)] == ["data:0", "data:4", "data:0", "data:2"]
+    with pytest.raises(ValueError, match="-1"):
+        order.at(-1)
+    with pytest.raises(DatasetError, match="empty"):
+        DataOrder([], shuffle=True, seed=0)

@@ -17,8 +17,8 @@ from llds_proto.codec import decode_group
 from llds_proto.messages import TrainerInfo
 from llds_proto.streams import DEFAULT_KEYS, DEFAULT_RUN_ID
 from llds_rollout.agent import LoopSettings
-from llds_rollout.dataset import PromptRow, endless
-from llds_rollout.engine.base import GenerationRequest, GenerationResult
+from llds_rollout.dataset import DataOrder, PromptRow
+from llds_rollout.engine.base import EngineError, GenerationRequest, GenerationResult
 from llds_rollout.metrics import RolloutMetrics
 from llds_rollout.scheduler import GroupProducer
 
@@ -47,7 +47,7 @@ def _producer(engine: Any, redis: Any, **kw: Any) -> GroupProducer:
         "engine": engine,
         "searcher": FakeSearcher(),
         "tokenizer": engine.tokenizer,
-        "prompts": endless(ROWS, shuffle=False, seed=0),
+        "data": DataOrder(ROWS, shuffle=False, seed=0),
         "redis": redis,
         "metrics": RolloutMetrics(),
         "loop_settings": LoopSettings(max_turns=1, max_tokens_per_turn=16),
@@ -90,12 +90,9 @@ def test_groups_are_pushed_and_decode(tokenizer: Any) -> None:
         task.cancel()
         entries = await redis.xrange(DEFAULT_KEYS.stream)
         groups = [decode_group(fields[b"group"]) for _, fields in entries]
-        run = prod.producer_run
-        assert [g.group_id for g in groups[:3]] == [
-            f"world:0:0:{run}",
-            f"world:1:0:{run}",
-            f"world:0:1:{run}",
-        ]
+        # one id per position of the run's data order (position 2: row 0 of epoch 1)
+        assert [g.group_id for g in groups[:3]] == ["world:0:0:p0", "world:1:0:p1", "world:0:1:p2"]
+        assert int(await redis.get(DEFAULT_KEYS.data_cursor)) >= 3
         g = groups[0]
         assert len(g.trajectories) == 3 and g.producer == "test" and g.gold_answers == ["Shakespeare"]
         assert all(x.run_id == DEFAULT_RUN_ID for x in groups)
@@ -166,10 +163,11 @@ def test_too_stale_groups_are_dropped_and_counted(tokenizer: Any) -> None:
 class FlakyRedis(fakeredis.aioredis.FakeRedis):
     down = True
 
-    async def xadd(self, *a: Any, **kw: Any) -> Any:
-        if self.down:
+    async def evalsha(self, sha: str, numkeys: int, *keys_and_args: Any) -> Any:
+        # the push: the script that adds to the stream (claims still work, so groups get sampled)
+        if self.down and DEFAULT_KEYS.stream in keys_and_args[:numkeys]:
             raise RedisConnectionError("redis is down")
-        return await super().xadd(*a, **kw)
+        return await super().evalsha(sha, numkeys, *keys_and_args)
 
 
 def test_redis_outage_buffers_then_backpressures_and_loses_nothing(tokenizer: Any) -> None:
@@ -191,8 +189,7 @@ def test_redis_outage_buffers_then_backpressures_and_loses_nothing(tokenizer: An
         await _until(drained)
         task.cancel()
         ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(DEFAULT_KEYS.stream)]
-        run = prod.producer_run
-        assert ids[:4] == [f"world:0:0:{run}", f"world:1:0:{run}", f"world:0:1:{run}", f"world:1:1:{run}"]
+        assert ids[:4] == ["world:0:0:p0", "world:1:0:p1", "world:0:1:p2", "world:1:1:p3"]
 
     asyncio.run(main())
 
@@ -227,10 +224,110 @@ def test_backpressure_stops_at_max_queued_groups(tokenizer: Any) -> None:
     asyncio.run(main())
 
 
-def test_group_ids_differ_across_producer_runs(tokenizer: Any) -> None:
+def test_claim_owners_differ_across_producer_runs(tokenizer: Any) -> None:
     redis = fakeredis.aioredis.FakeRedis()
     a, b = _producer(GatedEngine(tokenizer), redis), _producer(GatedEngine(tokenizer), redis)
     assert a.producer_run != b.producer_run and a.producer_run.startswith("test-")
+    assert a.cursor.owner == a.producer_run
+
+
+def test_replicas_share_one_data_order_and_a_dead_ones_prompts_are_sampled_by_the_living(
+    tokenizer: Any,
+) -> None:
+    """Two replicas walk one data order (no position twice, none skipped); one that dies with groups in
+    flight (its task cancelled, nothing given back: a kill -9) leaves its positions claimed, and once
+    their lease runs out the other samples them; what the dead one would push later is refused. A
+    replica stopped gracefully gives its positions back at once."""
+
+    async def main() -> None:
+        redis = fakeredis.aioredis.FakeRedis()
+        await _info(redis, groups_per_step=8, staleness_k=5)
+        live = _producer(GatedEngine(tokenizer), redis, claim_lease_s=0.6, max_staleness=5, max_queued_groups=3)
+        doomed_engine = GatedEngine(tokenizer)
+        doomed = _producer(doomed_engine, redis, claim_lease_s=0.6, max_staleness=5, producer="doomed")
+        doomed_engine.gate.clear()  # its groups never finish
+        t_doomed = asyncio.create_task(doomed.run())
+
+        async def claimed() -> bool:
+            return len(doomed._claimed) == 2
+
+        await _until(claimed)
+        dead = sorted(doomed._claimed)
+        doomed._give_back = _nothing  # type: ignore[method-assign]  # kill -9: no clean-up
+        t_doomed.cancel()
+        await asyncio.gather(t_doomed, return_exceptions=True)
+        assert sorted(int(k) for k in await redis.hkeys(DEFAULT_KEYS.data_claims)) == dead
+        t_live = asyncio.create_task(live.run())
+        await asyncio.sleep(0.1)
+        assert live.metrics.data_claims.labels(how="retaken")._value.get() == 0  # their lease still runs
+
+        async def trainer() -> None:  # acknowledges what reaches the stream, as the trainer would
+            await redis.xgroup_create(DEFAULT_KEYS.stream, "trainers", id="0", mkstream=True)
+            while True:
+                for _, entries in await redis.xreadgroup("trainers", "t", {DEFAULT_KEYS.stream: ">"}, block=50):
+                    for eid, _ in entries:
+                        await redis.xack(DEFAULT_KEYS.stream, "trainers", eid)
+
+        t_trainer = asyncio.create_task(trainer())
+
+        async def six() -> bool:  # and the dead one's two, once their lease ran out
+            ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(DEFAULT_KEYS.stream)]
+            return len(ids) >= 6 and set(dead) <= {int(i.rsplit(":p", 1)[1]) for i in ids}
+
+        await _until(six)
+        live.stop()
+        t_trainer.cancel()
+        await asyncio.gather(t_live, t_trainer, return_exceptions=True)
+        ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(DEFAULT_KEYS.stream)]
+        positions = [int(i.rsplit(":p", 1)[1]) for i in ids]
+        assert len(set(positions)) == len(positions)  # no position twice
+        assert set(dead) <= set(positions)  # the dead replica's prompts were sampled after all
+        assert live.metrics.data_claims.labels(how="retaken")._value.get() == 2
+        # graceful stop: nothing left claimed, every position below the cursor is in the stream
+        cursor = int(await redis.get(DEFAULT_KEYS.data_cursor))
+        left = {int(k): v for k, v in (await redis.hgetall(DEFAULT_KEYS.data_claims)).items()}
+        assert all(v == b"released\t0\t0" for v in left.values()), left  # given back, no attempt counted
+        pushed_or_given = set(positions) | {int(k) for k in await redis.hkeys(DEFAULT_KEYS.data_claims)}
+        assert pushed_or_given == set(range(cursor))
+        # the dead one comes back with a group for a position now in the stream: refused
+        assert await doomed.cursor.push(dead[0], "group", b"late") is None
+
+    asyncio.run(main())
+
+
+async def _nothing() -> None:
+    return None
+
+
+class FailingEngine(GatedEngine):
+    async def generate(self, request: GenerationRequest) -> GenerationResult:
+        raise EngineError("the engine failed")
+
+
+def test_a_failing_prompt_is_retried_then_dropped_on_the_record(tokenizer: Any) -> None:
+    """A group that fails (engine errors) gives its position back for another attempt at once; the
+    last allowed attempt records it in data:dropped (why=failed); the stream never gets it."""
+
+    async def main() -> None:
+        redis = fakeredis.aioredis.FakeRedis()
+        await _info(redis)
+        prod = _producer(FailingEngine(tokenizer), redis, max_attempts=2, max_groups_in_flight=1)
+        task = asyncio.create_task(prod.run())
+
+        async def dropped() -> bool:
+            return await redis.xlen(DEFAULT_KEYS.data_dropped) >= 2
+
+        await _until(dropped)
+        prod.stop()
+        await asyncio.gather(task, return_exceptions=True)
+        rows = [{k.decode(): v.decode() for k, v in f.items()} for _, f in await redis.xrange(DEFAULT_KEYS.data_dropped)]
+        assert [(r["position"], r["why"], r["group_id"]) for r in rows[:2]] == [
+            ("0", "failed", "world:0:0:p0"), ("1", "failed", "world:1:0:p1")]  # fmt: skip
+        assert prod.metrics.data_claims.labels(how="retried")._value.get() >= 2
+        assert prod.metrics.data_dropped.labels(why="failed")._value.get() >= 2
+        assert await redis.xlen(DEFAULT_KEYS.stream) == 0
+
+    asyncio.run(main())
 
 
 def test_a_failed_engine_starts_no_group_and_asks_for_a_whole_version(tokenizer: Any) -> None:
