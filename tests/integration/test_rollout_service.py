@@ -541,3 +541,55 @@ def test_a_folder_changed_under_the_swap_stops_serving_until_a_whole_version_loa
         )
     # No group carries the version that never loaded whole.
     assert {decode_group(f[b"group"]).min_version for _, f in r.xrange(keys.stream)} == {0, 2}
+
+
+def test_a_restarted_rollout_goes_on_with_the_runs_data_order(
+    tiny_model_dir: Path, retriever: Any, redis_url: str, tmp_path: Path
+) -> None:
+    """Issue 30: one data order per run, in Redis. A rollout stopped and another started on the same run
+    (a restart, or a replica replaced under a new name) goes on from the run's cursor, not from the
+    first prompt: no position reaches the stream twice, and every position below the cursor is in the
+    stream or given back (claimed again first by the next replica). Witnessed from the stream's group
+    ids and the Redis keys, on the real service."""
+    dataset = tmp_path / "train.jsonl"
+    dataset.write_text("".join(json.dumps({"id": f"q{i}", "data_source": "world", "question": QUESTION,
+                                           "golden_answers": ["x"]}) + "\n" for i in range(5)))  # fmt: skip
+    keys = RunKeys("order-run")
+    r = redis.Redis.from_url(redis_url)
+    r.delete(keys.stream, keys.data_cursor, keys.data_claims, keys.data_dropped)
+    write_trainer_info(r, keys, version=0, step=0, groups_per_step=8)
+
+    def positions() -> list[int]:
+        return [int(decode_group(f[b"group"]).group_id.rsplit(":p", 1)[1]) for _, f in r.xrange(keys.stream)]
+
+    def serve(name: str, want: int) -> None:
+        settings = RolloutSettings.load(
+            overrides={"model": str(tiny_model_dir), "retriever_url": retriever[0], "redis_url": redis_url,
+                       "run_id": keys.run_id, "dataset": dataset, "group_size": 2, "max_turns": 0,
+                       "max_tokens_per_turn": 4, "max_groups_in_flight": 2, "version_poll_s": 0.05,
+                       "replica_name": name, "port": free_port(), "admin_token": TOKEN, "seed": 3}
+        )  # fmt: skip
+        with BackgroundServer(create_app(settings, TestEngine(str(tiny_model_dir))), port=settings.port):
+            _wait(lambda: r.xlen(keys.stream) >= want, 120, f"{want} groups")
+
+    serve("first", 3)
+    first = positions()
+    cursor = int(r.get(keys.data_cursor))
+    given_back = sorted(int(k) for k in r.hkeys(keys.data_claims))
+    assert all(v.startswith(b"released\t") for v in r.hvals(keys.data_claims))  # a graceful stop gives back
+    assert sorted(first + given_back) == list(range(cursor))
+
+    serve("second", len(first) + 3)
+    got = positions()
+    assert len(got) == len(set(got)), got  # no position twice
+    later = got[len(first) :]
+    assert set(later) <= set(given_back) | set(range(cursor, cursor + 100)), (first, given_back, later)
+    assert set(given_back) <= set(later) | {int(k) for k in r.hkeys(keys.data_claims)}
+    # the order is the run's: position p is row perm(epoch)[p % 5] of the seeded order, whoever samples it
+    from llds_rollout.dataset import DataOrder, load_rows
+
+    order = DataOrder(load_rows(dataset), shuffle=True, seed=3)
+    for _, f in r.xrange(keys.stream):
+        g = decode_group(f[b"group"])
+        row, epoch = order.at(int(g.group_id.rsplit(":p", 1)[1]))
+        assert g.prompt_id == row.prompt_id and g.group_id.startswith(f"{row.prompt_id}:{epoch}:p")
