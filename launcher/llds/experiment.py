@@ -291,7 +291,8 @@ def prune(run: Path) -> dict[str, Any]:
     gone: list[str] = []
     freed = 0
     newest = max(kept_versions(run).items(), default=(None, None))[1]
-    doomed = [d for d in sorted((run / "weights").glob("v*")) if d.is_dir() and d != newest]
+    weights = run / "weights"
+    doomed = [d for d in sorted(weights.iterdir()) if d.is_dir() and d != newest] if weights.is_dir() else []
     ckpts = run / "trainer" / "checkpoints"
     doomed += sorted(d for d in ckpts.glob("*") if d.is_dir()) if ckpts.is_dir() else []
     for d in doomed:

@@ -39,7 +39,8 @@ local best, best_t, best_v = nil, nil, nil
 for i = 1, #all, 2 do
   local who, t, n = string.match(all[i + 1], '^(.-)\\t([^\\t]*)\\t([^\\t]*)$')
   t = tonumber(t)
-  if t ~= nil and t + lease < now and (best == nil or tonumber(all[i]) < tonumber(best)) then
+  -- (not this owner's own: it is alive, it is claiming; its late renewal is not a death)
+  if t ~= nil and who ~= owner and t + lease < now and (best == nil or tonumber(all[i]) < tonumber(best)) then
     best, best_t, best_v = all[i], t, all[i + 1]
   end
 end

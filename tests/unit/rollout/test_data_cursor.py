@@ -59,6 +59,10 @@ def test_claims_are_fresh_positions_then_dead_ones_and_each_ends_once(client: An
         await asyncio.sleep(0.35)
         again = await b.claim()
         assert (again.position, again.retaken_from, again.attempts) == (1, "a-1", 0)
+        # an owner never takes over its own claim, however late its renewal: it is alive (it claims)
+        await asyncio.sleep(0.6)
+        assert (await b.claim()).position == 3
+        assert await b.renew([2, 3]) == 2
         # a comes back: its push is refused (b owns the position now), nothing reaches the stream
         assert await a.push(1, "group", b"zombie") is None and await redis.xlen(KEYS.stream) == 1
         assert await a.renew([1]) == 0
@@ -70,13 +74,13 @@ def test_claims_are_fresh_positions_then_dead_ones_and_each_ends_once(client: An
         # a drop is a record and the claim's end, in one write
         assert await a.drop(1, "world:7", "world:7:0:p1", "failed")
         cursor, claims, dropped = await _all(redis)
-        assert cursor == 3 and sorted(claims) == [2]
+        assert cursor == 4 and sorted(claims) == [2, 3]
         assert [{k.decode(): v.decode() for k, v in f.items()} for _, f in dropped] == [
             {"position": "1", "prompt_id": "world:7", "group_id": "world:7:0:p1", "why": "failed", "producer": "a-1"}
         ]
         # a shutdown gives back without counting an attempt
         assert await b.release(2, failed=False) == 0
-        assert (await a.claim()).position == 2 and (await a.claim()).position == 3
+        assert (await a.claim()).position == 2 and (await a.claim()).position == 4
 
     asyncio.run(main())
 

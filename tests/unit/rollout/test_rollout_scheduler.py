@@ -263,11 +263,14 @@ def test_replicas_share_one_data_order_and_a_dead_ones_prompts_are_sampled_by_th
 
         async def trainer() -> None:  # acknowledges what reaches the stream, as the trainer would
             await redis.xgroup_create(DEFAULT_KEYS.stream, "trainers", id="0", mkstream=True)
-            while True:
-                for _, entries in await redis.xreadgroup("trainers", "t", {DEFAULT_KEYS.stream: ">"}, block=50):
+            # (ended by a flag, not cancelled: a cancel that lands inside a fakeredis call can be lost)
+            while not done.is_set():
+                for _, entries in await redis.xreadgroup("trainers", "t", {DEFAULT_KEYS.stream: ">"}):
                     for eid, _ in entries:
                         await redis.xack(DEFAULT_KEYS.stream, "trainers", eid)
+                await asyncio.sleep(0.02)
 
+        done = asyncio.Event()
         t_trainer = asyncio.create_task(trainer())
 
         async def six() -> bool:  # and the dead one's two, once their lease ran out
@@ -276,7 +279,7 @@ def test_replicas_share_one_data_order_and_a_dead_ones_prompts_are_sampled_by_th
 
         await _until(six)
         live.stop()
-        t_trainer.cancel()
+        done.set()
         await asyncio.gather(t_live, t_trainer, return_exceptions=True)
         ids = [decode_group(f[b"group"]).group_id for _, f in await redis.xrange(DEFAULT_KEYS.stream)]
         positions = [int(i.rsplit(":p", 1)[1]) for i in ids]
