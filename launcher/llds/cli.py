@@ -66,6 +66,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "main",
         "where a CPU training step goes; new settings vs a baseline",
     ),
+    ("bench", "resume-audit"): (
+        "llds.resume_audit",
+        "main",
+        "kill -9 a run again and again, resume it, audit every prompt from outside (issue 30)",
+    ),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),
     ("bench", "soak"): (
         "llds.bench",

@@ -58,6 +58,8 @@ class RedisServer:
     host: str = "127.0.0.1"
     password: str | None = None
     appendonly: bool = True
+    appendfsync: str = "everysec"
+    """``always``: every write on disk before it is acknowledged (what a kill -9 audit needs)."""
     proc: subprocess.Popen[bytes] | None = field(default=None, init=False)
 
     @property
@@ -89,7 +91,7 @@ class RedisServer:
             "--port", str(self.port),
             "--dir", str(self.data_dir),
             "--appendonly", "yes" if self.appendonly else "no",
-            "--appendfsync", "everysec",
+            "--appendfsync", self.appendfsync,
             "--save", "",
             "--protected-mode", "yes" if not self.password else "no",
             "--logfile", str(self.log_path),
