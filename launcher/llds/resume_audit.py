@@ -226,6 +226,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if redis.proc is None or redis.proc.poll() is not None:
                 redis.start()
             kills.append({"kill": i + 1, "target": target, "pids": pids, "at_step": at, "left_running": len(left)})
+            step = at  # the next kill waits for the resumed run to go past where this one hit it
             print(f"kill {i + 1}/{args.kills}: {target} at step {at} ({len(left)} left running, killed)", flush=True)
             proc = _launch(args, run_dir, redis.url, cfg, log, first=False)
         code = proc.wait(args.final_timeout_s)
