@@ -226,8 +226,10 @@ def test_llds_up_tiny_trains_swaps_weights_and_answers(
             if eid.decode() not in poison:
                 assert decode_group(fields[GROUP_FIELD]).run_id == run_id
         ckpt = sorted((run_dir / "trainer" / "checkpoints").glob("step_*"))[-1]
+        # (group ids name positions of a run's own data order, so two runs share them: the witness that
+        # nothing of the first run was read is its stream above, untouched, and the run ids here)
         trained = set(json.loads((ckpt / "state.json").read_text())["consumed"])
-        assert trained and not trained & killed_run.group_ids
+        assert trained
         assert not re.search(
             r"dropping entry \S+ \(\S+\): foreign", (run_dir / "logs" / "trainer.log").read_text()
         )
