@@ -169,7 +169,7 @@ def _wait_progress(proc: subprocess.Popen[bytes], run_dir: Path, past: int, time
 def run(args: argparse.Namespace) -> dict[str, Any]:
     from llds.redis_server import RedisServer
 
-    work: Path = args.work
+    work: Path = args.work.resolve()  # (Redis runs in its own folder: a relative path would be its)
     if work.exists() and any(work.iterdir()):
         raise SystemExit(f"resume-audit: {work} is not empty (the audit starts from nothing)")
     work.mkdir(parents=True, exist_ok=True)
