@@ -139,7 +139,9 @@ def _trainer_config(preset: str, steps: int, out: Path) -> Path:
     return out
 
 
-def _launch(args: argparse.Namespace, run_dir: Path, redis_url: str, cfg: Path, log: Path, first: bool) -> subprocess.Popen[bytes]:
+def _launch(
+    args: argparse.Namespace, run_dir: Path, redis_url: str, cfg: Path, log: Path, first: bool
+) -> subprocess.Popen[bytes]:
     common = ["--retriever-port", "0", "--rollout-port", "0", "--trainer-port", "0", "--no-dashboard",
               "--exit-when-done"]  # fmt: skip
     if first:
@@ -186,14 +188,22 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         for i in range(args.kills):
             step = _wait_progress(proc, run_dir, step, args.step_timeout_s)
             if observer is None and (run_dir / "run_id").is_file():
-                observer = Observer(redis.url, (run_dir / "run_id").read_text().strip(), work / "observed.jsonl")
+                observer = Observer(
+                    redis.url, (run_dir / "run_id").read_text().strip(), work / "observed.jsonl"
+                )
                 observer.start()
             if proc.poll() is not None:
-                raise SystemExit(f"resume-audit: llds up ended (exit {proc.returncode}) before kill {i + 1}; see {log}")
+                raise SystemExit(
+                    f"resume-audit: llds up ended (exit {proc.returncode}) before kill {i + 1}; see {log}"
+                )
             time.sleep(rng.uniform(args.min_gap_s, args.max_gap_s))
             target = rng.choice(TARGETS)
             procs = _descendants(proc.pid)
-            victim = {"trainer": "trainer run", "rollout": "rollout serve", "retriever": "retriever serve"}.get(target)
+            victim = {
+                "trainer": "trainer run",
+                "rollout": "rollout serve",
+                "retriever": "retriever serve",
+            }.get(target)
             at = _steps(run_dir)
             if victim:
                 p = _child(proc.pid, victim)
@@ -225,9 +235,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 proc.wait()
             if redis.proc is None or redis.proc.poll() is not None:
                 redis.start()
-            kills.append({"kill": i + 1, "target": target, "pids": pids, "at_step": at, "left_running": len(left)})
+            kills.append(
+                {"kill": i + 1, "target": target, "pids": pids, "at_step": at, "left_running": len(left)}
+            )
             step = at  # the next kill waits for the resumed run to go past where this one hit it
-            print(f"kill {i + 1}/{args.kills}: {target} at step {at} ({len(left)} left running, killed)", flush=True)
+            print(
+                f"kill {i + 1}/{args.kills}: {target} at step {at} ({len(left)} left running, killed)",
+                flush=True,
+            )
             proc = _launch(args, run_dir, redis.url, cfg, log, first=False)
         code = proc.wait(args.final_timeout_s)
         if code != 0:
@@ -272,7 +287,9 @@ def audit(work: Path, run_dir: Path, url: str, steps: int) -> dict[str, Any]:
     if twice:
         failures.append(f"positions in the stream more than once: {twice[:20]}")
     if missing:
-        failures.append(f"positions below the cursor ({cursor}) nowhere (stream, drops, claims): {missing[:20]}")
+        failures.append(
+            f"positions below the cursor ({cursor}) nowhere (stream, drops, claims): {missing[:20]}"
+        )
     if set(pushed) & set(dropped):
         failures.append(f"positions both pushed and dropped: {sorted(set(pushed) & set(dropped))[:20]}")
 
@@ -283,7 +300,9 @@ def audit(work: Path, run_dir: Path, url: str, steps: int) -> dict[str, Any]:
     if trained_twice:
         failures.append(f"group ids trained twice: {trained_twice[:20]}")
     if state.get("consumed_total") != len(consumed):
-        failures.append(f"consumed_total {state.get('consumed_total')} != {len(consumed)} ids kept: the window lost some")
+        failures.append(
+            f"consumed_total {state.get('consumed_total')} != {len(consumed)} ids kept: the window lost some"
+        )
     seen = {r["group_id"] for r in entries}
     unseen = sorted(set(consumed) - seen)
     if unseen:
@@ -365,12 +384,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--work", type=Path, default=Path("runs/resume-audit"), help="empty folder for the run")
     p.add_argument("--min-gap-s", type=float, default=5.0, help="shortest wait after progress before a kill")
     p.add_argument("--max-gap-s", type=float, default=40.0, help="longest wait after progress before a kill")
-    p.add_argument("--step-timeout-s", type=float, default=900.0, help="longest wait for a resumed run's next step")
-    p.add_argument("--final-timeout-s", type=float, default=7200.0, help="longest wait for the last piece to finish")
+    p.add_argument(
+        "--step-timeout-s", type=float, default=900.0, help="longest wait for a resumed run's next step"
+    )
+    p.add_argument(
+        "--final-timeout-s", type=float, default=7200.0, help="longest wait for the last piece to finish"
+    )
     p.add_argument("--out", type=Path, help="write the report (markdown) here")
     args = p.parse_args(argv)
     if args.steps < 2 or args.kills < 1 or not 0 <= args.min_gap_s <= args.max_gap_s:
-        p.error(f"--steps >= 2 (got {args.steps}), --kills >= 1 (got {args.kills}), 0 <= --min-gap-s <= --max-gap-s")
+        p.error(
+            f"--steps >= 2 (got {args.steps}), --kills >= 1 (got {args.kills}), 0 <= --min-gap-s <= --max-gap-s"
+        )
     report = run(args)
     text = markdown(report, "llds bench resume-audit " + " ".join(argv if argv is not None else sys.argv[1:]))
     print(text)

@@ -479,7 +479,11 @@ def _rewrite_in_place(path: Path) -> None:
 
 
 def test_a_folder_changed_under_the_swap_stops_serving_until_a_whole_version_loads(
-    tiny_model_dir: Path, retriever: Any, redis_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    tiny_model_dir: Path,
+    retriever: Any,
+    redis_url: str,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     """Issue 30: the replica pins the folder it reads (the trainer's clean-up keeps it); a folder

@@ -151,7 +151,8 @@ class DataCursor:
     async def claim(self) -> Claim:
         """The next position this replica samples: a dead claim's first, else a new one."""
         p, who, n = await self._claim(
-            keys=[self.keys.data_claims, self.keys.data_cursor], args=[self.owner, await self._now(), self.lease_s]
+            keys=[self.keys.data_claims, self.keys.data_cursor],
+            args=[self.owner, await self._now(), self.lease_s],
         )
         who = who.decode() if isinstance(who, bytes) else str(who)
         return Claim(int(p), int(n), who)
@@ -167,7 +168,9 @@ class DataCursor:
     async def push(self, position: int, field: str, data: bytes) -> str | None:
         """Add the group's entry to the stream and end the claim, atomically; None (nothing added) when
         the claim is no longer this replica's."""
-        got = await self._push(keys=[self.keys.data_claims, self.keys.stream], args=[position, self.owner, field, data])
+        got = await self._push(
+            keys=[self.keys.data_claims, self.keys.stream], args=[position, self.owner, field, data]
+        )
         if not got:
             return None
         return got.decode() if isinstance(got, bytes) else str(got)

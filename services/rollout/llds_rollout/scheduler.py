@@ -335,7 +335,13 @@ class GroupProducer:
                 delay = min(delay * 2, 5.0)
                 continue
             self._claimed.add(claim.position)
-            how = "new" if not claim.retaken_from else "retried" if claim.retaken_from == "released" else "retaken"
+            how = (
+                "new"
+                if not claim.retaken_from
+                else "retried"
+                if claim.retaken_from == "released"
+                else "retaken"
+            )
             self.metrics.data_claims.labels(how=how).inc()
             if how == "new":
                 self.metrics.data_position.set(claim.position)
@@ -685,7 +691,9 @@ class GroupProducer:
         """A failed attempt gives its position back for another; the last allowed one drops it."""
         if claim.attempts + 1 >= self.max_attempts:
             why = "failed"
-            if await self._settle("drop", claim.position, lambda: self.cursor.drop(claim.position, row.prompt_id, group_id, why)):
+            if await self._settle(
+                "drop", claim.position, lambda: self.cursor.drop(claim.position, row.prompt_id, group_id, why)
+            ):
                 self.metrics.data_dropped.labels(why=why).inc()
                 log.warning("data position %d dropped: failed %d times group_id=%s", claim.position,
                             claim.attempts + 1, group_id)  # fmt: skip
@@ -694,7 +702,9 @@ class GroupProducer:
 
     async def _drop(self, group: TrajectoryGroup, position: int) -> None:
         why = "stale"
-        if await self._settle("drop", position, lambda: self.cursor.drop(position, group.prompt_id, group.group_id, why)):
+        if await self._settle(
+            "drop", position, lambda: self.cursor.drop(position, group.prompt_id, group.group_id, why)
+        ):
             self.metrics.data_dropped.labels(why=why).inc()
         else:
             self.metrics.data_claims_lost.inc()

@@ -613,7 +613,9 @@ def test_a_finished_run_is_pruned_to_its_newest_weights_and_a_pruned_step_is_not
     for step in (29, 30):
         (run / "trainer" / "checkpoints" / f"step_{step:08d}").mkdir(parents=True)
         (run / "trainer" / "checkpoints" / f"step_{step:08d}" / "optimizer.pt").write_bytes(b"o" * 3000)
-    (run / "trainer" / "train_log.jsonl").write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 31)))
+    (run / "trainer" / "train_log.jsonl").write_text(
+        "".join(json.dumps({"step": s}) + "\n" for s in range(1, 31))
+    )
     (folder / "rollout_variant.toml").write_text("topk = 2\n")
     shape = experiment._shape(folder / "rollout_variant.toml")
     (folder / "result.json").write_text(json.dumps({"arm": "grpo", "seed": 0, "eval_shape": shape}))

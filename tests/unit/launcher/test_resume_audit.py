@@ -34,7 +34,9 @@ def _run(tmp_path: Path, url: str, *, consumed: list[str], adam: int, observed: 
     (run / "run_id").write_text("audit-run\n")
     keys = RunKeys("audit-run")
     ck = run / "trainer" / "checkpoints" / f"step_{STEPS:08d}"
-    (ck / "state.json").write_text(json.dumps({"step": STEPS, "consumed": consumed, "consumed_total": len(consumed)}))
+    (ck / "state.json").write_text(
+        json.dumps({"step": STEPS, "consumed": consumed, "consumed_total": len(consumed)})
+    )
     p = torch.nn.Parameter(torch.zeros(2))
     opt = torch.optim.AdamW([p])
     for _ in range(adam):

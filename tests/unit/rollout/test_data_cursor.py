@@ -48,7 +48,9 @@ def test_claims_are_fresh_positions_then_dead_ones_and_each_ends_once(client: An
         # a's group at 0 is pushed: entry and claim end in one write; a second push adds nothing
         entry = await a.push(0, "group", b"\x00bytes\xff")
         assert entry is not None and await a.push(0, "group", b"again") is None
-        assert [(e.decode(), f) for e, f in await redis.xrange(KEYS.stream)] == [(entry, {b"group": b"\x00bytes\xff"})]
+        assert [(e.decode(), f) for e, f in await redis.xrange(KEYS.stream)] == [
+            (entry, {b"group": b"\x00bytes\xff"})
+        ]
         # b cannot push or drop a's position
         assert await b.push(1, "group", b"x") is None and not await b.drop(1, "p", "g", "stale")
         assert await redis.xlen(KEYS.stream) == 1
@@ -76,7 +78,13 @@ def test_claims_are_fresh_positions_then_dead_ones_and_each_ends_once(client: An
         cursor, claims, dropped = await _all(redis)
         assert cursor == 4 and sorted(claims) == [2, 3]
         assert [{k.decode(): v.decode() for k, v in f.items()} for _, f in dropped] == [
-            {"position": "1", "prompt_id": "world:7", "group_id": "world:7:0:p1", "why": "failed", "producer": "a-1"}
+            {
+                "position": "1",
+                "prompt_id": "world:7",
+                "group_id": "world:7:0:p1",
+                "why": "failed",
+                "producer": "a-1",
+            }
         ]
         # a shutdown gives back without counting an attempt
         assert await b.release(2, failed=False) == 0
@@ -99,4 +107,3 @@ def test_replicas_claiming_at_once_never_share_a_position(client: Any) -> None:
 def test_an_owner_with_a_tab_is_refused() -> None:
     with pytest.raises(ValueError, match="tab"):
         DataCursor(fakeredis.aioredis.FakeRedis(), KEYS, "a\tb", lease_s=1)
-

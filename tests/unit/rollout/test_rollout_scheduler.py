@@ -242,7 +242,9 @@ def test_replicas_share_one_data_order_and_a_dead_ones_prompts_are_sampled_by_th
     async def main() -> None:
         redis = fakeredis.aioredis.FakeRedis()
         await _info(redis, groups_per_step=8, staleness_k=5)
-        live = _producer(GatedEngine(tokenizer), redis, claim_lease_s=0.6, max_staleness=5, max_queued_groups=3)
+        live = _producer(
+            GatedEngine(tokenizer), redis, claim_lease_s=0.6, max_staleness=5, max_queued_groups=3
+        )
         doomed_engine = GatedEngine(tokenizer)
         doomed = _producer(doomed_engine, redis, claim_lease_s=0.6, max_staleness=5, producer="doomed")
         doomed_engine.gate.clear()  # its groups never finish
@@ -323,7 +325,10 @@ def test_a_failing_prompt_is_retried_then_dropped_on_the_record(tokenizer: Any) 
         await _until(dropped)
         prod.stop()
         await asyncio.gather(task, return_exceptions=True)
-        rows = [{k.decode(): v.decode() for k, v in f.items()} for _, f in await redis.xrange(DEFAULT_KEYS.data_dropped)]
+        rows = [
+            {k.decode(): v.decode() for k, v in f.items()}
+            for _, f in await redis.xrange(DEFAULT_KEYS.data_dropped)
+        ]
         assert [(r["position"], r["why"], r["group_id"]) for r in rows[:2]] == [
             ("0", "failed", "world:0:0:p0"), ("1", "failed", "world:1:0:p1")]  # fmt: skip
         assert prod.metrics.data_claims.labels(how="retried")._value.get() >= 2
