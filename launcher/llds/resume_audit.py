@@ -184,14 +184,18 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     t0 = time.monotonic()
     try:
         proc = _launch(args, run_dir, redis.url, cfg, log, first=True)
+        # The observer reads from the stream's first entry: it must start before the trainer can trim
+        # one, so as soon as the run has an id (llds up writes it before it starts any child).
+        deadline = time.monotonic() + 120
+        while not (run_dir / "run_id").is_file():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise SystemExit(f"resume-audit: llds up wrote no run id; see {log}")
+            time.sleep(0.05)
+        observer = Observer(redis.url, (run_dir / "run_id").read_text().strip(), work / "observed.jsonl")
+        observer.start()
         step = 0
         for i in range(args.kills):
             step = _wait_progress(proc, run_dir, step, args.step_timeout_s)
-            if observer is None and (run_dir / "run_id").is_file():
-                observer = Observer(
-                    redis.url, (run_dir / "run_id").read_text().strip(), work / "observed.jsonl"
-                )
-                observer.start()
             if proc.poll() is not None:
                 raise SystemExit(
                     f"resume-audit: llds up ended (exit {proc.returncode}) before kill {i + 1}; see {log}"
