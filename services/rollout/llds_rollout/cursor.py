@@ -30,58 +30,64 @@ from llds_proto.streams import DATA_DROPPED_MAXLEN, RunKeys
 
 log = logging.getLogger("llds.rollout.cursor")
 
-# A claim's value: "<owner>\t<lease start, Redis time>\t<attempts before this one>".
-_CLAIM = """
+# A claim's value: "<owner>\t<lease start, Redis time>\t<attempts before this one>". Every script starts
+# with these two functions: one reading of the value, one ownership check.
+_COMMON = """
+local function parse(v)
+  return string.match(v, '^(.-)\\t([^\\t]*)\\t([^\\t]*)$')
+end
+local function owned(claims, p, owner)
+  local v = redis.call('HGET', claims, p)
+  if not v then return nil end
+  local who, t, n = parse(v)
+  if who ~= owner then return nil end
+  return n
+end
+"""
+
+_CLAIM = (
+    _COMMON
+    + """
 local claims, cursor = KEYS[1], KEYS[2]
 local owner, now, lease = ARGV[1], tonumber(ARGV[2]), tonumber(ARGV[3])
 local all = redis.call('HGETALL', claims)
-local best, best_t, best_v = nil, nil, nil
+local best, best_who, best_n = nil, nil, nil
 for i = 1, #all, 2 do
-  local who, t, n = string.match(all[i + 1], '^(.-)\\t([^\\t]*)\\t([^\\t]*)$')
+  local who, t, n = parse(all[i + 1])
   t = tonumber(t)
   -- (not this owner's own: it is alive, it is claiming; its late renewal is not a death)
   if t ~= nil and who ~= owner and t + lease < now and (best == nil or tonumber(all[i]) < tonumber(best)) then
-    best, best_t, best_v = all[i], t, all[i + 1]
+    best, best_who, best_n = all[i], who, n
   end
 end
 if best ~= nil then
-  local who, t, n = string.match(best_v, '^(.-)\\t([^\\t]*)\\t([^\\t]*)$')
-  redis.call('HSET', claims, best, owner .. '\\t' .. ARGV[2] .. '\\t' .. n)
-  return {best, who, n}
+  redis.call('HSET', claims, best, owner .. '\\t' .. ARGV[2] .. '\\t' .. best_n)
+  return {best, best_who, best_n}
 end
 local p = redis.call('INCR', cursor) - 1
 redis.call('HSET', claims, p, owner .. '\\t' .. ARGV[2] .. '\\t0')
 return {tostring(p), '', '0'}
 """
+)
 
-_RENEW = """
+_RENEW = (
+    _COMMON
+    + """
 local claims, owner, now = KEYS[1], ARGV[1], ARGV[2]
 local kept = 0
 for i = 3, #ARGV do
-  local v = redis.call('HGET', claims, ARGV[i])
-  if v then
-    local who, t, n = string.match(v, '^(.-)\\t([^\\t]*)\\t([^\\t]*)$')
-    if who == owner then
-      redis.call('HSET', claims, ARGV[i], owner .. '\\t' .. now .. '\\t' .. n)
-      kept = kept + 1
-    end
+  local n = owned(claims, ARGV[i], owner)
+  if n ~= nil then
+    redis.call('HSET', claims, ARGV[i], owner .. '\\t' .. now .. '\\t' .. n)
+    kept = kept + 1
   end
 end
 return kept
 """
-
-_OWNED = """
-local function owned(claims, p, owner)
-  local v = redis.call('HGET', claims, p)
-  if not v then return nil end
-  local who, t, n = string.match(v, '^(.-)\\t([^\\t]*)\\t([^\\t]*)$')
-  if who ~= owner then return nil end
-  return tonumber(n)
-end
-"""
+)
 
 _PUSH = (
-    _OWNED
+    _COMMON
     + """
 local claims, stream = KEYS[1], KEYS[2]
 local p, owner = ARGV[1], ARGV[2]
@@ -93,7 +99,7 @@ return id
 )
 
 _DROP = (
-    _OWNED
+    _COMMON
     + """
 local claims, dropped = KEYS[1], KEYS[2]
 local p, owner = ARGV[1], ARGV[2]
@@ -106,13 +112,13 @@ return id
 )
 
 _RELEASE = (
-    _OWNED
+    _COMMON
     + """
 local claims = KEYS[1]
 local p, owner = ARGV[1], ARGV[2]
 local n = owned(claims, p, owner)
 if n == nil then return false end
-local n2 = n + tonumber(ARGV[3])
+local n2 = tonumber(n) + tonumber(ARGV[3])
 redis.call('HSET', claims, p, 'released\\t0\\t' .. tostring(n2))
 return n2
 """
