@@ -36,6 +36,7 @@ import sys
 import threading
 import time
 from collections import Counter
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -45,9 +46,11 @@ POSITION = re.compile(r":p(\d+)$")
 
 class Observer(threading.Thread):
     """Reads the run's trajectory stream and drop record as they grow, appending each entry (id,
-    group id, or the drop's fields) to a file: the audit's witness, outside the run's processes."""
+    group id, or the drop's fields) to a file: the audit's witness, outside the run's processes.
+    ``url`` may be a function: called again at every reconnect (a Redis that ``llds up`` restarts
+    on another port)."""
 
-    def __init__(self, url: str, run_id: str, path: Path) -> None:
+    def __init__(self, url: str | Callable[[], str], run_id: str, path: Path) -> None:
         super().__init__(name="audit-observer", daemon=True)
         from llds_proto.streams import RunKeys
 
@@ -66,7 +69,8 @@ class Observer(threading.Thread):
         with self.path.open("a") as out:
             while not self.stop.is_set():
                 try:
-                    client = client or redis.Redis.from_url(self.url, socket_timeout=5)
+                    url = self.url() if callable(self.url) else self.url
+                    client = client or redis.Redis.from_url(url, socket_timeout=5)
                     got = client.xread(dict(self.last), block=200, count=500)  # type: ignore[arg-type]
                 except redis.RedisError:
                     self.errors += 1

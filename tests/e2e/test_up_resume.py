@@ -13,6 +13,13 @@ each: the suite's time):
    once. The restarted rollout answers on the trained weights.
 3. A ``kill -9`` of the rollout while it serves, past the restarts allowed, is the run's end: llds up
    exits non-zero naming it, and leaves nothing running.
+
+Through all three, an observer outside the run (``llds bench resume-audit``'s) reads the trajectory
+stream and the data order's drop record from llds up's own Redis as they grow; at the end the audit
+reads those, Redis's keys (the server started again on the run's append-only file) and the final
+checkpoint: every position of the run's data order below its cursor reached the stream once, was
+dropped with a reason or is still claimed; every trained group once; AdamW's step count equal to the
+updates logged.
 """
 
 from __future__ import annotations
@@ -26,12 +33,15 @@ from pathlib import Path
 import httpx
 from up_kit import FREE_PORTS, LLDS_UP_MARKS, LldsProcess, alive, train_log, wait_gone, wait_step
 
+from llds.redis_server import RedisServer
+from llds.resume_audit import Observer, audit
 from llds.up import latest_weights
 
 pytestmark = LLDS_UP_MARKS
 
 TOTAL = 8
 STALL_S = 30
+REDIS_LINE = r"^redis\s+redis://:\*\*\*@([\d.]+):(\d+)/0 "
 
 
 def test_a_run_survives_its_launchers_death_a_frozen_rollout_and_ends_at_the_restarts_allowed(
@@ -41,7 +51,20 @@ def test_a_run_survives_its_launchers_death_a_frozen_rollout_and_ends_at_the_res
     # Redis is the one llds up starts: its append-only file in the run dir is what resumes
     first = LldsProcess(["up", "--preset", "tiny", "--steps", str(TOTAL), "--run-dir", str(run_dir),
                          "--no-dashboard", *FREE_PORTS], drop_env=("REDIS_URL",))  # fmt: skip
+    redis_at: list[str] = []
+
+    def follow(proc: LldsProcess) -> None:  # the observer's URL: llds up's Redis, wherever it now is
+        host, port = proc.wait_line(REDIS_LINE, timeout_s=120).groups()
+        password = (run_dir / "redis" / "password").read_text().strip()
+        redis_at[:] = [f"redis://:{password}@{host}:{port}/0"]
+
+    observer = None
     try:
+        follow(first)  # before any child starts: the trainer cannot have trimmed an entry yet
+        observer = Observer(
+            lambda: redis_at[0], (run_dir / "run_id").read_text().strip(), tmp_path / "observed.jsonl"
+        )
+        observer.start()
         wait_step(run_dir, 1, first, timeout_s=400)
         # checkpoint and publish are independent: wait for a published version too, the one the
         # resumed rollout must start on
@@ -67,6 +90,7 @@ def test_a_run_survives_its_launchers_death_a_frozen_rollout_and_ends_at_the_res
                          "--stall-timeout-s", str(STALL_S)], drop_env=("REDIS_URL",))  # fmt: skip
     children = []
     try:
+        follow(again)
         again.wait_line(rf"run id\s+{re.escape(run_id)} \(resumed at step \d+\)", timeout_s=120)
         m = again.wait_line(r"rollout\s+starts on published weights v(\d+)", timeout_s=120)
         assert published is not None and int(m.group(1)) >= published[0]
@@ -95,6 +119,9 @@ def test_a_run_survives_its_launchers_death_a_frozen_rollout_and_ends_at_the_res
         code = again.wait_exit(120)
     finally:
         again.stop()
+        if observer is not None:
+            observer.stop.set()
+            observer.join(10)
     out = again.output(200)
     assert code == 1, out
     assert re.search(r"llds up failed: rollout died \(killed by SIGKILL\); log \S+/logs/rollout\.log", out), (
@@ -102,3 +129,16 @@ def test_a_run_survives_its_launchers_death_a_frozen_rollout_and_ends_at_the_res
     )
     assert "no restarts left: 1 of 1 used" in out
     assert not wait_gone(children), f"left running after llds up exited: {alive(children)}"
+
+    # the data order, audited from outside the run: Redis again on the run's append-only file
+    password = (run_dir / "redis" / "password").read_text().strip()
+    redis = RedisServer(data_dir=run_dir / "redis", password=password).start()
+    try:
+        report = audit(tmp_path, run_dir, redis.url, TOTAL)
+    finally:
+        redis.stop()
+    assert report["failures"] == [], report
+    assert (
+        report["cursor"] >= report["trained"] >= TOTAL
+        and report["stream_entries_observed"] >= report["trained"]
+    )
