@@ -307,3 +307,30 @@ def test_a_folder_changed_under_the_swap_fails_the_engine_until_a_whole_version_
     after = httpx.post(f"{url}/answer", json={"question": "who wrote hamlet?", "max_turns": 1}, timeout=120)
     assert after.status_code == 200 and after.json()["weights_version"] == version + 1
     assert httpx.post(f"{url}/v1/completions", json=body, timeout=120).status_code == 200
+
+
+def test_agent_v1_runs_the_search_agent_beside_the_bare_v1(service: Any) -> None:
+    """Through the official openai client, on the one vLLM engine: ``/agent/v1`` is the agent (the
+    ``/answer`` loop, greedy, its turns in ``llds``), ``/v1`` the bare model (no ``llds``)."""
+    import openai
+
+    url = service[0]
+    msgs: Any = [{"role": "user", "content": "who wrote hamlet?"}]
+    agent = openai.OpenAI(base_url=f"{url}/agent/v1", api_key="unused", max_retries=0, timeout=120)
+    assert [m.id for m in agent.models.list()] == [SERVED]  # the same id as /v1's
+    resp = agent.chat.completions.create(model=SERVED, messages=msgs)
+    trace = resp.llds  # type: ignore[attr-defined]
+    answer = httpx.post(f"{url}/answer", json={"question": "who wrote hamlet?"}, timeout=120).json()
+    assert [t["text"] for t in trace["turns"]] == [t["text"] for t in answer["turns"]]
+    assert resp.choices[0].message.content == (trace["answer"] or "")
+    assert resp.usage is not None and resp.usage.completion_tokens > 0
+    assert resp.usage.total_tokens == resp.usage.prompt_tokens + resp.usage.completion_tokens
+    assert trace["weights_version"] == httpx.get(f"{url}/health").json()["detail"]["weights_version"]
+
+    chunks = list(agent.chat.completions.create(model=SERVED, messages=msgs, stream=True))
+    final = [ch for ch in chunks if ch.choices and ch.choices[0].finish_reason]
+    assert len(final) == 1 and final[0].llds["trace"]["turns"] == trace["turns"]  # type: ignore[attr-defined]
+
+    bare = openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=120)
+    plain = bare.chat.completions.create(model=SERVED, messages=msgs, max_completion_tokens=6)
+    assert plain.choices[0].message.role == "assistant" and "llds" not in (plain.model_extra or {})

@@ -4,7 +4,8 @@ Per turn the engine continues ``prompt + response so far`` as token ids, stoppin
 ``</answer>``; the sampled ids and log-probs go into a :class:`TrajectoryBuilder` unchanged. The first
 ``<(search|answer)>`` of the turn's text decides: a search calls the retriever and appends the
 observation's token ids, an answer ends the trajectory, anything else appends the invalid-action
-feedback. After ``max_turns`` search-enabled turns one final turn runs with search disabled.
+feedback. After ``max_turns`` search-enabled turns one final turn runs with search disabled; a
+trajectory whose generated tokens reach ``max_new_tokens`` ends there (``finish_reason = "length"``).
 """
 
 from __future__ import annotations
@@ -47,6 +48,9 @@ class LoopSettings:
     """0 = greedy."""
     top_p: float = 1.0
     reward: RewardKind = "exact_match"
+    max_new_tokens: int | None = None
+    """Generated tokens over all turns (an OpenAI client's ``max_completion_tokens``); None: only the
+    per-turn and context caps apply."""
 
 
 @dataclass
@@ -93,6 +97,14 @@ async def run_episode(
     def room() -> int:
         return settings.max_context_tokens - len(prompt) - len(b)
 
+    generated = 0
+
+    def budget() -> int:
+        per_turn = min(settings.max_tokens_per_turn, room())
+        if settings.max_new_tokens is None:
+            return per_turn
+        return min(per_turn, settings.max_new_tokens - generated)
+
     for turn in range(settings.max_turns + 1):
         search_enabled = turn < settings.max_turns
         if room() <= 0:
@@ -102,7 +114,7 @@ async def run_episode(
         res = await engine.generate(
             GenerationRequest(
                 prompt_ids=prompt + b.response_ids,
-                max_tokens=min(settings.max_tokens_per_turn, room()),
+                max_tokens=budget(),
                 temperature=settings.temperature,
                 top_p=settings.top_p,
                 stop=STOP_STRINGS,
@@ -111,6 +123,7 @@ async def run_episode(
         )
         t_gen += time.perf_counter() - t0
         generations.append(res)
+        generated += len(res.token_ids)
         b.add_generated(res.token_ids, res.logprobs, res.versions)
         text = tokenizer.decode(res.token_ids, skip_special_tokens=False)
         action = parse_action(text)
@@ -121,6 +134,11 @@ async def run_episode(
         if not search_enabled:
             _turn(AnswerTurn(text=text))
             finish = "length" if res.finish_reason == "length" else "max_turns"
+            break
+        if settings.max_new_tokens is not None and generated >= settings.max_new_tokens:
+            # Out of budget: a search would feed a turn that cannot run.
+            _turn(AnswerTurn(text=text))
+            finish = "length"
             break
         if action is not None and action[1]:
             query = action[1]

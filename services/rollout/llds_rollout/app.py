@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hmac
 import json
 import logging
@@ -28,14 +29,16 @@ from llds_proto.messages import (
     WeightUpdateNotice,
     WeightUpdateResponse,
 )
+from llds_rollout.agent_api import routes as agent_api
 from llds_rollout.answer_admission import AnswerSaturatedError
+from llds_rollout.api_access import refusal
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError, WeightSwapError
 from llds_rollout.engine.transfer import WeightTransferError, WeightTransferStateError
 from llds_rollout.retrieval import RetrieverError
-from llds_rollout.service import NotProducingError, NotReadyError, RolloutService
+from llds_rollout.service import AgentRun, NotProducingError, NotReadyError, RolloutService
 from llds_rollout.weights import WeightsError
-from llds_server.http import BodyLimitMiddleware, invalid_request, is_loopback
+from llds_server.http import BodyLimitMiddleware, invalid_request
 
 log = logging.getLogger("llds_rollout.app")
 
@@ -56,25 +59,13 @@ class OpenAIRoutes:
         self.service = service
 
     def _refused(self, scope: Scope) -> JSONResponse | None:
-        """401 without the configured key; 403 with no key on a host bound beyond loopback."""
-        key = self.service.settings.api_key
-        if not key:
-            if is_loopback(self.service.settings.host):
-                return None
-            return JSONResponse(
-                {"detail": f"/v1 is off on a service bound to {self.service.settings.host}: set api_key "
-                           "(env LLDS_API_KEY) and send it as a bearer token"},
-                status_code=403,
-            )  # fmt: skip
-        given = dict(scope.get("headers") or []).get(b"authorization", b"")
-        scheme, _, token = given.decode("latin-1").partition(" ")
-        if scheme.lower() == "bearer" and hmac.compare_digest(token.encode(), key.encode()):
+        """The rule of :func:`llds_rollout.api_access.refusal`, answered as ``{"detail"}``."""
+        s = self.service.settings
+        given = dict(scope.get("headers") or []).get(b"authorization", b"").decode("latin-1")
+        why = refusal(s.api_key, s.host, given, "/v1")
+        if why is None:
             return None
-        return JSONResponse(
-            {"detail": "missing or wrong API key (Authorization: Bearer <api_key>)"},
-            status_code=401,
-            headers={"WWW-Authenticate": "Bearer"},
-        )
+        return JSONResponse({"detail": why.message}, status_code=why.status, headers=why.headers)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http" or not scope["path"].startswith("/v1/"):
@@ -131,6 +122,7 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
 
     app = FastAPI(title="llds rollout", lifespan=lifespan)
     app.state.service = service
+    agent_api.install(app, service)
     app.add_middleware(OpenAIRoutes, service=service)
     app.add_middleware(BodyLimitMiddleware, max_body_bytes=settings.max_body_bytes)  # outermost
 
@@ -223,31 +215,20 @@ def create_app(settings: RolloutSettings, engine: Engine | None = None) -> FastA
         AnswerResponse) or ``error`` (``{"detail"}``) if the retriever or engine fails mid-way."""
         # Before the 200 goes out: not ready or no slot is still a plain 503.
         ticket = service.admit_answer()
-        events: asyncio.Queue[tuple[str, str] | None] = asyncio.Queue()
-
-        async def run() -> None:
-            try:
-                resp = await service.answer(
-                    req, on_turn=lambda t: events.put_nowait(("turn", t.model_dump_json())), ticket=ticket
-                )
-                events.put_nowait(("done", resp.model_dump_json()))
-            except (RetrieverError, EngineError, NotReadyError) as e:
-                events.put_nowait(("error", json.dumps({"detail": f"{type(e).__name__}: {e}"})))
-            finally:
-                events.put_nowait(None)
-
-        # Started here, not in the body iterator: a client gone before the body starts would leave
-        # an iterator that never runs, and its slot taken for ever. The slot is freed when the task
-        # ends, whether it ran, failed or was cancelled before it started.
-        task = asyncio.create_task(run())
-        task.add_done_callback(lambda _: ticket.release())
+        events = service.stream_agent(
+            req.question, service.loop_settings(train=False, max_turns=req.max_turns), ticket
+        )
 
         async def stream() -> AsyncIterator[str]:
-            try:
-                while (item := await events.get()) is not None:
-                    yield f"event: {item[0]}\ndata: {item[1]}\n\n"
-            finally:
-                task.cancel()
+            async with contextlib.aclosing(events):
+                async for kind, item in events:
+                    if isinstance(item, AgentRun):
+                        data = item.response().model_dump_json()
+                    elif isinstance(item, Exception):
+                        data = json.dumps({"detail": f"{type(item).__name__}: {item}"})
+                    else:
+                        data = item.model_dump_json()
+                    yield f"event: {kind}\ndata: {data}\n\n"
 
         return StreamingResponse(stream(), media_type="text/event-stream")
 

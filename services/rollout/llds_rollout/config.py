@@ -106,6 +106,7 @@ class TransformersEngineSettings(_EngineCommon):
     other busy processes, where spinning OpenMP threads stall."""
 
     openai_api: ClassVar[bool] = False
+    served_model_name: ClassVar[str] = ""
     receives_nccl: ClassVar[bool] = False
 
     def build(self, model: str, initial_version: int = 0) -> Engine:

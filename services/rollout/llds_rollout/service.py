@@ -9,8 +9,9 @@ import contextlib
 import logging
 import time
 import uuid
-from collections.abc import Callable
-from typing import Any
+from collections.abc import AsyncGenerator, Callable
+from dataclasses import dataclass
+from typing import Any, Literal
 
 from llds_proto.messages import (
     AnswerRequest,
@@ -25,7 +26,7 @@ from llds_proto.messages import (
 )
 from llds_proto.streams import RunKeys
 from llds_rollout import faults
-from llds_rollout.agent import LoopSettings, run_episode
+from llds_rollout.agent import Episode, LoopSettings, run_episode
 from llds_rollout.answer_admission import AnswerAdmission, AnswerSaturatedError, AnswerTicket
 from llds_rollout.config import RolloutSettings
 from llds_rollout.engine import Engine, EngineError, WeightLoadError, WeightSwapError, build_engine
@@ -44,6 +45,39 @@ from llds_rollout.weights import (
 from llds_server.settings import redact_url
 
 log = logging.getLogger("llds_rollout.service")
+
+
+def new_request_id() -> str:
+    """A short random id for one answer (in its response and its log line)."""
+    return uuid.uuid4().hex[:12]
+
+
+@dataclass
+class AgentRun:
+    """One finished search-agent request: the episode and what the response reports about it."""
+
+    episode: Episode
+    request_id: str
+    versions: list[int]
+    """Every weights version that produced a token, ascending."""
+    latency_s: float
+
+    def response(self) -> AnswerResponse:
+        """The ``/answer`` response."""
+        return AnswerResponse(
+            answer=self.episode.trajectory.answer,
+            turns=self.episode.turns,
+            weights_version=self.versions[0],
+            weights_versions=self.versions,
+            latency_s=self.latency_s,
+            request_id=self.request_id,
+        )
+
+
+AgentEvent = (
+    tuple[Literal["turn"], AnswerTurn] | tuple[Literal["done"], AgentRun] | tuple[Literal["error"], Exception]
+)
+"""What :meth:`RolloutService.stream_agent` yields."""
 
 
 class NotReadyError(RuntimeError):
@@ -329,30 +363,107 @@ class RolloutService:
         ``on_turn`` sees each turn as it finishes (the streaming route uses it). ``ticket``: the
         request's admission (:meth:`admit_answer`), taken here when not given.
         """
+        run = await self.run_agent(
+            req.question,
+            self.loop_settings(train=False, max_turns=req.max_turns),
+            on_turn=on_turn,
+            ticket=ticket,
+        )
+        return run.response()
+
+    async def run_agent(
+        self,
+        question: str,
+        loop: LoopSettings,
+        *,
+        request_id: str | None = None,
+        on_turn: Callable[[AnswerTurn], None] | None = None,
+        ticket: AnswerTicket | None = None,
+        route: str = "/answer",
+        user: str | None = None,
+    ) -> AgentRun:
+        """The search agent on one question, under the answer admission and the answer gate: what
+        ``/answer`` and ``/agent/v1`` serve. ``request_id`` (default: a fresh one), ``route`` and
+        ``user`` (an end user's id a client sent) go into the log line."""
         ticket = ticket or self.admit_answer()
         try:
             await ticket.wait()
             self.metrics.answer_queue_wait.observe(ticket.queued_s)
-            return await self._answer(req, on_turn)
+            return await self._run_agent(question, loop, request_id or new_request_id(), on_turn, route, user)
         finally:
             ticket.release()
 
-    async def _answer(
-        self, req: AnswerRequest, on_turn: Callable[[AnswerTurn], None] | None
-    ) -> AnswerResponse:
+    def stream_agent(
+        self,
+        question: str,
+        loop: LoopSettings,
+        ticket: AnswerTicket,
+        *,
+        request_id: str | None = None,
+        route: str = "/answer/stream",
+        user: str | None = None,
+    ) -> AsyncGenerator[AgentEvent, None]:
+        """:meth:`run_agent` as events: a ``turn`` per finished turn, then ``done`` (the
+        :class:`AgentRun`) or ``error`` (the :class:`RetrieverError`, :class:`EngineError` or
+        :class:`NotReadyError` that ended it).
+
+        The run starts here, not when the events are first read: a client gone before its response
+        body starts would leave a reader that never runs, and its slot taken for ever. ``ticket`` is
+        released when the run ends, whether it ran, failed or was cancelled before it started;
+        closing the events cancels the run.
+        """
+        events: asyncio.Queue[AgentEvent | None] = asyncio.Queue()
+
+        async def run() -> None:
+            try:
+                done = await self.run_agent(
+                    question,
+                    loop,
+                    request_id=request_id,
+                    on_turn=lambda t: events.put_nowait(("turn", t)),
+                    ticket=ticket,
+                    route=route,
+                    user=user,
+                )
+                events.put_nowait(("done", done))
+            except (RetrieverError, EngineError, NotReadyError) as e:
+                events.put_nowait(("error", e))
+            finally:
+                events.put_nowait(None)
+
+        task = asyncio.create_task(run())
+        task.add_done_callback(lambda _: ticket.release())
+
+        async def read() -> AsyncGenerator[AgentEvent, None]:
+            try:
+                while (item := await events.get()) is not None:
+                    yield item
+            finally:
+                task.cancel()
+
+        return read()
+
+    async def _run_agent(
+        self,
+        question: str,
+        loop: LoopSettings,
+        request_id: str,
+        on_turn: Callable[[AnswerTurn], None] | None,
+        route: str,
+        user: str | None,
+    ) -> AgentRun:
         self.require_ready()
         assert self.searcher is not None
         t0 = time.perf_counter()
-        request_id = uuid.uuid4().hex[:12]
         consistent = self.settings.answer_consistency == "version"
         async with self._gate.read() if consistent else contextlib.nullcontext():
             ep = await run_episode(
                 self.engine,
                 self.searcher,
                 self.tokenizer,
-                req.question,
+                question,
                 [],
-                self.loop_settings(train=False, max_turns=req.max_turns),
+                loop,
                 trajectory_id=f"answer-{request_id}",
                 on_turn=on_turn,
             )
@@ -361,21 +472,17 @@ class RolloutService:
         self.metrics.answer_latency.observe(latency)
         versions = sorted({v for g in ep.generations for v in g.versions} or {self.engine.version})
         log.info(
-            "answer request_id=%s turns=%d searches=%d version=%s latency_s=%.2f",
+            "answer route=%s request_id=%s%s turns=%d searches=%d finish=%s version=%s latency_s=%.2f",
+            route,
             request_id,
+            "" if user is None else f" user={user!r}",
             len(ep.turns),
             ep.trajectory.num_valid_searches,
+            ep.trajectory.finish_reason,
             versions,
             latency,
         )
-        return AnswerResponse(
-            answer=ep.trajectory.answer,
-            turns=ep.turns,
-            weights_version=versions[0],
-            weights_versions=versions,
-            latency_s=latency,
-            request_id=request_id,
-        )
+        return AgentRun(episode=ep, request_id=request_id, versions=versions, latency_s=latency)
 
     async def update_weights(self, notice: WeightUpdateNotice) -> WeightUpdateResponse:
         """Verify, load and swap in a published folder; raises :class:`WeightsError` (-> 400) or
