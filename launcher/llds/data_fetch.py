@@ -60,6 +60,8 @@ from tqdm import tqdm
 DEFAULT_ENDPOINT = "https://huggingface.co"
 BASE_URL_ENV = "LLDS_DATA_BASE_URL"
 """Environment variable that points every source at another host (``--base-url`` wins over it)."""
+SKIP_SPACE_ENV = "LLDS_DATA_SKIP_SPACE_CHECK"
+"""Set to skip the free-disk checks (for file systems that misreport free space)."""
 LOCK_NAME = "fetch.lock.json"
 LOCK_FORMAT = 1
 CHUNK_BYTES = 1 << 20
@@ -366,13 +368,13 @@ def git_blob_sha1(path: Path) -> str:
 
 
 def _require_space(folder: Path, need: int, what: str) -> None:
-    if os.environ.get("LLDS_DATA_SKIP_SPACE_CHECK"):
+    if os.environ.get(SKIP_SPACE_ENV):
         return
     free = shutil.disk_usage(folder).free
     if free < need:
         raise FetchError(
             f"{what} needs {need / 2**30:.1f} GiB in {folder}, which has {free / 2**30:.1f} GiB free "
-            "(set LLDS_DATA_SKIP_SPACE_CHECK=1 to try anyway)"
+            f"(set {SKIP_SPACE_ENV}=1 to try anyway)"
         )
 
 
