@@ -40,6 +40,7 @@ loopback server. ``HF_TOKEN``, if set, is sent to that host (not to the hosts it
 from __future__ import annotations
 
 import argparse
+import fcntl
 import gzip
 import hashlib
 import json
@@ -426,7 +427,8 @@ class Fetcher:
         self.client = httpx.Client(
             headers=headers, timeout=httpx.Timeout(timeout_s, connect=min(timeout_s, 30.0))
         )
-        self.lock = Lock.load(out) if out.exists() else Lock(out / LOCK_NAME)
+        self.lock = Lock(out / LOCK_NAME)
+        """Loaded by :meth:`run` once it holds the folder."""
         self.outcomes: list[Outcome] = []
         self._ok: set[str] = set()
         """Files checked or written in this run (not checked twice)."""
@@ -701,9 +703,15 @@ class Fetcher:
                 f"{dataset.name} has no part {', '.join(map(repr, unknown))}; parts: {', '.join(names)}"
             )
         self.out.mkdir(parents=True, exist_ok=True)
-        for part in dataset.parts:
-            if only is None or part.name in only:
-                self.fetch_part(part)
+        with (self.out / ".fetch.busy").open("a") as busy:
+            try:
+                fcntl.flock(busy, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError as e:
+                raise FetchError(f"another llds data fetch is writing {self.out}; wait for it") from e
+            self.lock = Lock.load(self.out)  # as the previous holder left it
+            for part in dataset.parts:
+                if only is None or part.name in only:
+                    self.fetch_part(part)
         return self.outcomes
 
 

@@ -471,3 +471,16 @@ def test_deploy_wrappers_fetch_once_and_take_over_an_earlier_download(hub: Hub, 
         "wiki18/wiki-18.jsonl",
         "wiki18/e5_Flat.index",
     }
+
+
+def test_two_fetches_into_one_folder_do_not_interleave(hub: Hub, tmp_path: Path) -> None:
+    import fcntl
+
+    _fixture(hub)
+    tmp_path.mkdir(exist_ok=True)
+    with (tmp_path / ".fetch.busy").open("a") as other:
+        fcntl.flock(other, fcntl.LOCK_EX)
+        with pytest.raises(FetchError, match="another llds data fetch is writing"):
+            _fetch(hub, tmp_path, ["eval"])
+    assert hub.log == []
+    _fetch(hub, tmp_path, ["eval"])
