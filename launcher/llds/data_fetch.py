@@ -126,7 +126,10 @@ class ParquetToJsonl(_Model):
         except ImportError as e:  # a dependency of the project; missing only in a broken install
             raise FetchError(f"converting {self.src} needs pyarrow (pip install pyarrow)") from e
         src = pq.ParquetFile(out / self.src)
-        with tmp.open("w") as f, _bar(src.metadata.num_rows, f"{self.dst}", progress, "rows") as bar:
+        with (
+            tmp.open("w", encoding="utf-8") as f,
+            _bar(src.metadata.num_rows, f"{self.dst}", progress, "rows") as bar,
+        ):
             for batch in src.iter_batches(batch_size=8192):
                 for row in batch.to_pylist():
                     f.write(json.dumps(row, ensure_ascii=False) + "\n")
@@ -211,8 +214,11 @@ class DataSet(_Model):
     """A named bundle of parts (``llds data fetch NAME``)."""
 
     name: str
+    """Name given to ``llds data fetch``."""
     about: str
+    """One line for ``--list``."""
     parts: list[Part] = Field(min_length=1)
+    """Its parts, fetched in this order."""
 
 
 def _flashrag(name: str, split: str) -> RemoteFile:
