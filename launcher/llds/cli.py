@@ -50,6 +50,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("start", "compare"): ("llds.starts", "main", "a start's held-out EM against another policy's, paired"),
     ("dashboard", "serve"): ("llds.dashboard.cli", "main", "serve the live training dashboard"),
     ("eval",): ("llds.evaluate", "main", "evaluate a policy (exact match, F1) on a question set"),
+    ("data", "fetch"): (
+        "llds.data_fetch",
+        "main",
+        "download Search-R1's questions, evaluation sets, wiki-18 corpus and e5 index (resumable, checked)",
+    ),
     ("report",): ("llds.report", "main", "plot a run's reward and LLD signals"),
     ("experiment", "lld"): (
         "llds.experiment",

@@ -7,11 +7,18 @@ averaged, written as JSON and Markdown. Either point it at a running rollout ser
 
     llds eval --model ~/.cache/llds/models/smollm2-135m-warmstart-s0 --data synthworld-eval
     llds eval --rollout-url http://127.0.0.1:8001 --data nq.jsonl --data hotpotqa.jsonl --limit 500
+    llds eval --rollout-url http://127.0.0.1:8001 --data data/search-r1/nq_hotpotqa_train/test.jsonl \
+        --split-by data_source
+
+``--split-by data_source`` reports each ``data_source`` of a file on its own row (Search-R1's merged
+test file holds all seven sets); whenever any of the seven sets is evaluated, the report also gives
+them in the layout of Search-R1's results table (one column per set, then the average).
 
 Datasets: ``synthworld-eval`` / ``synthworld-train`` (built in), ``nq-bigbench`` (17.5k Natural
 Questions restored from the ``bigbench`` package, with their 13.8k Wikipedia passages as the corpus:
 evaluation only, never training data), or files in the FlashRAG/Search-R1 formats: JSONL rows with ``question`` and ``golden_answers`` (FlashRAG), or Search-R1 parquet/JSONL rows
-with ``reward_model.ground_truth.target``.
+with ``reward_model.ground_truth.target`` (``llds data fetch search-r1 --only train eval`` fetches
+both forms).
 """
 
 from __future__ import annotations
@@ -27,10 +34,19 @@ from pathlib import Path
 import httpx
 from tqdm import tqdm
 
+from llds.data_fetch import SEARCH_R1_EVAL
 from llds_proto.reward import exact_match, f1_score, substring_match
 
 PROTOCOL_MAX_TURNS = 4
 """Search turns in the published evaluation (search-protocol spec)."""
+
+SPLIT_KEYS = ("data_source",)
+"""Row fields ``--split-by`` can group a file's questions by."""
+
+PAPER_LABELS = {"nq": "NQ†", "triviaqa": "TriviaQA*", "popqa": "PopQA*", "hotpotqa": "HotpotQA†",
+                "2wikimultihopqa": "2wiki*", "musique": "Musique*", "bamboogle": "Bamboogle*"}  # fmt: skip
+"""Column headings of Search-R1's results table by data set name (the ``data_source`` values and
+the ``llds data fetch`` file names); † marks the sets in the training data, * the others."""
 
 
 class EvalError(RuntimeError):
@@ -42,6 +58,8 @@ class Example:
     id: str
     question: str
     golds: list[str]
+    source: str | None = None
+    """The row's ``data_source`` (Search-R1 files), if it has one."""
 
 
 def _question_from_prompt(prompt: object) -> str:
@@ -61,7 +79,9 @@ def row_to_example(row: dict[str, object], i: int) -> Example:
         raise EvalError(f"row {i} has no question or gold answers (keys: {sorted(row)})")
     if isinstance(golds, str):
         golds = [golds]
-    return Example(str(row.get("id", i)), str(question), [str(g) for g in golds])  # type: ignore[union-attr]
+    source = row.get("data_source")
+    return Example(str(row.get("id", i)), str(question), [str(g) for g in golds],  # type: ignore[union-attr]
+                   None if source is None else str(source))  # fmt: skip
 
 
 NQ_BIGBENCH = "nq-bigbench"
@@ -135,6 +155,7 @@ async def _ask_all(
             pred = body.get("answer")
             out[i] = {
                 "id": ex.id,
+                "data_source": ex.source,
                 "question": ex.question,
                 "golds": ex.golds,
                 "prediction": pred,
@@ -163,6 +184,42 @@ def summarize(name: str, results: list[dict[str, object]]) -> dict[str, float | 
             "searches": mean("searches"), "turns": mean("turns")}  # fmt: skip
 
 
+def split_examples(name: str, examples: list[Example], key: str | None) -> list[tuple[str, list[Example]]]:
+    """A data set as (name, examples) groups: itself without a key, else one group per value of
+    ``key`` (Search-R1's seven sets in its table's order, then any others by name)."""
+    if key is None:
+        return [(name, examples)]
+    groups: dict[str, list[Example]] = {}
+    for i, ex in enumerate(examples):
+        if ex.source is None:
+            raise EvalError(f"--split-by {key}: row {i} ({ex.id}) of {name} has no {key}")
+        groups.setdefault(ex.source, []).append(ex)
+    order = {n: i for i, (n, _) in enumerate(SEARCH_R1_EVAL)}
+    return sorted(groups.items(), key=lambda kv: (order.get(kv[0], len(order)), kv[0]))
+
+
+def paper_table(rows: list[dict[str, float | int | str]]) -> str:
+    """Search-R1's results layout (a column per data set, then the average) for those of ``rows``
+    that are among its seven sets; "" if none is."""
+    by_name = {str(r["dataset"]): r for r in rows}
+    present = [n for n, _ in SEARCH_R1_EVAL if n in by_name]
+    if not present:
+        return ""
+    avg = "Avg." if len(present) == len(SEARCH_R1_EVAL) else f"Avg. ({len(present)} of {len(SEARCH_R1_EVAL)})"
+    lines = ["| | " + " | ".join(PAPER_LABELS[n] for n, _ in SEARCH_R1_EVAL) + f" | {avg} |",
+             "|---" * (len(SEARCH_R1_EVAL) + 2) + "|"]  # fmt: skip
+    for metric, label in (("em", "EM"), ("f1", "F1")):
+        cells = [f"{float(by_name[n][metric]):.3f}" if n in by_name else "–" for n, _ in SEARCH_R1_EVAL]
+        mean = sum(float(by_name[n][metric]) for n in present) / len(present)
+        lines.append(f"| {label} | " + " | ".join(cells) + f" | {mean:.3f} |")
+    counts = [str(by_name[n]["n"]) if n in by_name else "–" for n, _ in SEARCH_R1_EVAL]
+    lines.append("| n | " + " | ".join(counts) + f" | {sum(int(by_name[n]['n']) for n in present)} |")
+    return (
+        "\n".join(lines)
+        + "\n\n† in the training data (NQ, HotpotQA), * not; the average is over data sets.\n"
+    )
+
+
 def markdown(rows: list[dict[str, float | int | str]], meta: dict[str, object]) -> str:
     shape = meta.get("shape") or {}
     where = f" (rollout config {meta['rollout_config']})" if meta.get("rollout_config") else ""
@@ -174,6 +231,9 @@ def markdown(rows: list[dict[str, float | int | str]], meta: dict[str, object]) 
     for r in rows:
         lines.append(f"| {r['dataset']} | {r['n']} | {r['em']:.3f} | {r['f1']:.3f} | {r['substring']:.3f} "
                      f"| {r['searches']:.2f} | {r['turns']:.2f} |")  # fmt: skip
+    wide = paper_table(rows)
+    if wide:
+        lines += ["", "## In Search-R1's table layout", "", wide.rstrip("\n")]
     return "\n".join(lines) + "\n"
 
 
@@ -229,7 +289,12 @@ class _Services:
 
 
 def run(args: argparse.Namespace) -> dict[str, object]:
-    datasets = [load_dataset(d, args.world_seed) for d in args.data]
+    datasets = [
+        group for d in args.data for group in split_examples(*load_dataset(d, args.world_seed), args.split_by)
+    ]
+    names = [n for n, _ in datasets]
+    if len(set(names)) != len(names):
+        raise EvalError(f"data set names repeat ({', '.join(names)}): evaluate those sets apart")
     if args.limit:
         datasets = [(n, exs[: args.limit]) for n, exs in datasets]
     out = Path(args.out)
@@ -269,7 +334,7 @@ def run(args: argparse.Namespace) -> dict[str, object]:
         }
         rows.append({"dataset": "average", "n": sum(int(r["n"]) for r in rows), **avg})
     meta = {"model": args.model or args.rollout_url, "max_turns": args.max_turns, "weights_version": version,
-            "seconds": time.monotonic() - t0}  # fmt: skip
+            "seconds": time.monotonic() - t0, "split_by": args.split_by}  # fmt: skip
     if args.model:  # the rollout started here: its answer shape (a --rollout-url service's is its own)
         meta["rollout_config"] = str(args.rollout_config) if args.rollout_config else None
         meta["shape"] = answer_shape(args.rollout_config)
@@ -317,6 +382,12 @@ def build_parser() -> argparse.ArgumentParser:
         type=Path,
         help="rollout TOML of the rollout started for --model (top-k, document and turn lengths; default: "
         "the rollout's defaults, 3 documents of 500 tokens, 500 tokens a turn)",
+    )
+    p.add_argument(
+        "--split-by",
+        choices=SPLIT_KEYS,
+        help="report each value of this row field on its own row (data_source: the sets of Search-R1's "
+        "merged test file)",
     )
     p.add_argument("--limit", type=int, default=0, help="first N questions of each set (0 = all)")
     p.add_argument("--concurrency", type=int, default=8, help="questions in flight")

@@ -124,7 +124,8 @@ class RetrieverConfig(ServiceSettings):
     backend: BackendConfig = Field(default_factory=AutoBackendConfig)
     """The search backend, picked by ``backend.type``: auto (the index's kind), bm25, dense, hybrid."""
     mmap: bool = True
-    """Memory-map index files instead of reading them into RAM (needed for wiki-18 on small hosts)."""
+    """Memory-map index files instead of reading them into RAM (FAISS flat, HNSW and IVF files and
+    the BM25 arrays); ``/health`` says which it got. Needed for wiki-18 on small hosts."""
 
     max_topk: int = Field(default=MAX_TOPK, ge=1, le=MAX_TOPK)
     """Largest topk served; above it a request gets 422."""

@@ -8,7 +8,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from llds_retriever.backends import Backend, BM25Backend, DenseBackend, HybridBackend, read_faiss
+from llds_retriever.backends import (
+    IN_RAM,
+    MEMORY_MAPPED,
+    Backend,
+    BM25Backend,
+    DenseBackend,
+    HybridBackend,
+    read_faiss,
+    storage_of,
+)
 from llds_retriever.config import AutoBackendConfig, DenseBackendConfig, RetrieverConfig
 from llds_retriever.corpus import CorpusStore
 from llds_retriever.encoders import load_encoder
@@ -69,13 +78,30 @@ def _faiss(section: DenseBackendConfig, encoder: Any, shards: list[Any], **kwarg
     )
 
 
+def _read(path: Path, mmap: bool) -> tuple[Any, str]:
+    """A FAISS file read as ``mmap`` asks, and where it ended up: a mapping is checked in
+    ``/proc/self/maps`` rather than assumed; a file read without one is in RAM."""
+    index = read_faiss(path, mmap)
+    storage = storage_of(path) if mmap else IN_RAM
+    log.info("event=faiss_loaded file=%s vectors=%d bytes=%d storage=%r", path, index.ntotal,
+             path.stat().st_size, storage)  # fmt: skip
+    if mmap and storage != MEMORY_MAPPED:
+        log.warning("event=faiss_not_mapped file=%s storage=%r (mmap = true was asked)", path, storage)
+    return index, storage
+
+
+def _storage(storages: list[str]) -> str:
+    return ", ".join(sorted(set(storages)))
+
+
 def _dense(section: DenseBackendConfig, index_dir: Path, meta: dict[str, Any], mmap: bool) -> DenseBackend:
-    shards = [read_faiss(index_dir / s["file"], mmap) for s in meta["shards"]]
+    shards, storages = zip(*(_read(index_dir / s["file"], mmap) for s in meta["shards"]), strict=True)
     for s, info in zip(shards, meta["shards"], strict=True):
         if s.ntotal != info["rows"]:
             raise IndexFormatError(f"{info['file']} holds {s.ntotal} vectors, manifest says {info['rows']}")
     offsets = [s["offset"] for s in meta["shards"]]
-    return _faiss(section, _encoder(section, meta), shards, offsets=offsets, index_type=meta["index_type"])
+    return _faiss(section, _encoder(section, meta), list(shards), offsets=offsets, index_type=meta["index_type"],
+                  storage=_storage(list(storages)))  # fmt: skip
 
 
 def _bm25_backend(section: Any, index_dir: Path, manifest: dict[str, Any], mmap: bool) -> Backend:
@@ -117,14 +143,14 @@ def load(config: RetrieverConfig) -> Loaded:
     if config.faiss_index is not None:
         assert config.corpus is not None  # enforced by RetrieverConfig
         corpus = CorpusStore(config.corpus)
-        index = read_faiss(config.faiss_index, config.mmap)
+        index, storage = _read(config.faiss_index, config.mmap)
         if index.ntotal != len(corpus):
             raise CorpusError(
                 f"{config.faiss_index} holds {index.ntotal} vectors but {config.corpus} has {len(corpus)} rows"
             )
         section = backend_section(config, "dense")
         meta = {"encoder": section.encoder or SEARCH_R1_ENCODER}
-        backend: Backend = _faiss(section, _encoder(section, meta), [index])
+        backend: Backend = _faiss(section, _encoder(section, meta), [index], storage=storage)
         return Loaded(backend, corpus, {"faiss_index": str(config.faiss_index), "corpus": str(config.corpus)})
 
     assert config.index_dir is not None

@@ -66,7 +66,8 @@ def test_mixed_built_in_sets_without_a_retriever_are_refused(tmp_path: Path) -> 
     f = tmp_path / "mine.jsonl"
     f.write_text(json.dumps({"question": "q", "golden_answers": ["a"]}) + "\n")
     args = argparse.Namespace(data=["synthworld-eval", str(f)], limit=1, out=str(tmp_path / "o"), rollout_url=None,
-                              model="m", retriever_url=None, world_seed=0, max_turns=1, concurrency=1)  # fmt: skip
+                              model="m", retriever_url=None, world_seed=0, max_turns=1, concurrency=1,
+                              split_by=None)  # fmt: skip
     with pytest.raises(EvalError, match="retriever"):
         run(args)
 
