@@ -22,6 +22,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "main",
         "run the whole system on this machine (Redis, retriever, rollout, trainer, dashboard)",
     ),
+    ("serve",): (
+        "llds.up",
+        "serve_main",
+        "serve a policy: retriever + rollout (/answer, /v1), nothing trained (llds up --no-train)",
+    ),
     ("answer",): ("llds_rollout.cli", "answer_main", "answer a question with the search agent"),
     ("retriever", "serve"): ("llds_retriever.cli", "serve_main", "serve POST /retrieve"),
     ("index", "build"): ("llds_retriever.cli", "index_main", "build a BM25 / dense / hybrid index"),

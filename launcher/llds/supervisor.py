@@ -2,7 +2,9 @@
 restart, stop everything.
 
 Each child runs in its own session (process group), so stopping it also stops whatever it spawned
-(vLLM engine processes, torchrun workers): nothing ``llds up`` started survives it.
+(vLLM engine processes): nothing ``llds up`` started survives it. A trainer of several ranks runs
+under ``python -m llds.supervisor torchrun ...`` (:func:`torchrun_main`): torchrun puts each rank in a
+session of its own, out of reach of the group's signals, so each rank's lifeline watches torchrun.
 """
 
 from __future__ import annotations
@@ -199,3 +201,41 @@ def wait_healthy(child: Child, url: str, timeout_s: float) -> float:
     raise ChildFailed(
         f"{child.name} not healthy at {url} after {timeout_s:.0f} s; log {child.log_path}; last lines:\n{tail}"
     )
+
+
+def torchrun_argv(nproc: int, command: list[str]) -> list[str]:
+    """argv of a child running ``command`` (``-m MODULE ARGS...``) as ``nproc`` ranks on this machine,
+    under :func:`torchrun_main`."""
+    return [sys.executable, "-m", "llds.supervisor", "torchrun", "--standalone", "--nnodes", "1",
+            "--nproc-per-node", str(nproc), *command]  # fmt: skip
+
+
+def torchrun_main(argv: list[str]) -> int:
+    """torchrun (``torch.distributed.run``) in this process, ending with ``llds up`` like any child:
+    this process's lifeline watches ``llds up`` (its SIGTERM makes torchrun stop the ranks), and each
+    rank's lifeline (installed by ``llds.cli``) watches this process, so a rank outlives neither, however
+    they end. Exits with the first failed rank's exit status (a trainer out of learning signal stays
+    distinguishable from a crash), 0 when every rank exits 0."""
+    from llds_server import lifeline
+
+    lifeline.install("torchrun")
+    os.environ[LIFELINE_ENV] = str(os.getpid())
+    from torch.distributed.elastic.multiprocessing.api import SignalException
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import main as torchrun
+
+    try:
+        torchrun(argv)
+    except ChildFailedError as e:
+        _, failure = e.get_first_failure()
+        return failure.exitcode if failure.exitcode > 0 else EXIT_FAILED
+    except SignalException as e:
+        return 128 + int(e.sigval)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1:2] != ["torchrun"]:
+        print("usage: python -m llds.supervisor torchrun TORCHRUN_ARGS...", file=sys.stderr)
+        raise SystemExit(2)
+    raise SystemExit(torchrun_main(sys.argv[2:]))

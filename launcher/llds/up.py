@@ -13,9 +13,18 @@ the child is restarted a bounded number of times. ``--resume RUN_DIR`` continues
 a crash or ``kill -9``: same run id, config and Redis data; the trainer resumes from its checkpoint,
 the rollout starts on the newest complete published weights.
 
+GPUs: a child whose config puts it on a GPU gets GPUs of its own (``--rollout-gpus``,
+``--trainer-gpus``; defaults from the GPUs visible, one GPU shared in a mode that fits, see
+:mod:`llds.placement` and docs/gpu-placement.md): one rollout replica per rollout GPU, one trainer
+rank (torchrun) per trainer GPU. Your own data (docs/own-data.md): ``--dataset`` (training questions)
+with ``--corpus`` (documents, indexed into the run dir), ``--index`` (a prebuilt index) or
+``--retriever-url`` (a running retriever). ``--no-train`` (or ``llds serve MODEL``) serves only.
+
     llds up                       # the embedded default: SmolLM2-135M on the CPU
     llds up --preset tiny --steps 2 --exit-when-done   # seconds-per-step smoke run
     llds up --resume runs/20261201-101500 --steps 20   # continue that run up to step 20
+    llds up --preset gpu --model DIR --dataset q.jsonl --corpus docs.jsonl   # your data, your GPUs
+    llds serve DIR --preset gpu   # retriever + rollout (/answer, /v1), no training
 """
 
 from __future__ import annotations
@@ -33,20 +42,21 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import httpx
-from pydantic import AliasChoices, Field
-from pydantic_settings import SettingsConfigDict
+from pydantic import AliasChoices, Field, field_validator
+from pydantic_settings import NoDecode, SettingsConfigDict
 
 from llds.starts import DEFAULT_START
 from llds_proto import steplog as K
 from llds_proto.exits import EXIT_NO_SIGNAL
 from llds_proto.streams import check_run_id
 from llds_server.cli import add_settings_flags, settings_overrides
-from llds_server.settings import ConfigError, ServiceSettings, check_not_placeholder, redact_url
+from llds_server.settings import ConfigError, ServiceSettings, check_not_placeholder, merged, redact_url
 
 if TYPE_CHECKING:
+    from llds.placement import Placement
     from llds.redis_server import RedisServer
     from llds.supervisor import Child
 
@@ -114,6 +124,44 @@ class UpConfig(ServiceSettings):
     verbose: bool = False
     """Stream every child's output to the console; otherwise the console shows one line per step
     and the children's errors, and their full output is only in ``RUN_DIR/logs/<service>.log``."""
+    train: bool = True
+    """Train; ``--no-train`` (what ``llds serve MODEL`` runs) starts only the retriever and the rollout
+    (``/answer``, ``/v1``): no Redis, no trainer, no dashboard."""
+
+    # ---------------------------------------------------------------- GPUs (docs/gpu-placement.md)
+    gpus: int | None = Field(default=None, ge=0)
+    """GPUs to place children on; unset: counted (``CUDA_VISIBLE_DEVICES``'s entries, else
+    ``nvidia-smi -L``). Only read when a child's config puts it on a GPU (``device = "cuda"``)."""
+    rollout_gpus: Annotated[list[int] | None, NoDecode] = None
+    """GPU ids of the rollout (``0,1``), one replica on each; unset: 1 of every 4 GPUs (at least 1),
+    or the GPUs ``trainer_gpus`` leaves, or GPU 0 without a trainer on a GPU."""
+    trainer_gpus: Annotated[list[int] | None, NoDecode] = None
+    """GPU ids of the trainer (``2,3``), one torchrun rank on each; unset: the GPUs the rollout does
+    not take. The same single id as ``rollout_gpus`` shares one GPU (the one-GPU mode)."""
+    one_gpu_rollout_share: float = Field(default=0.3, gt=0, lt=1)
+    """One-GPU mode: the most of the GPU's memory vLLM may take (its ``gpu_memory_utilization``);
+    the trainer runs in bfloat16 with a micro-batch of at most 2 in the rest."""
+
+    # ---------------------------------------------------------------- your own data (docs/own-data.md)
+    dataset: Path | None = None
+    """Training questions, JSONL in the rollout's schema (``question``, ``golden_answers``, ``id``);
+    unset: the synthetic world's. Needs the documents: ``corpus``, ``index`` or ``retriever_url``."""
+    eval_dataset: Path | None = None
+    """Held-out questions, same schema; the summary asks the first one (unset: the first training one)."""
+    corpus: Path | None = None
+    """Documents, JSONL in the retriever's schema (``id``, ``contents``): llds up builds a BM25 index
+    of it into ``RUN_DIR/index/`` (once per content digest) and serves it."""
+    index: Path | None = None
+    """A prebuilt index folder (``llds index build``: BM25, dense or hybrid) to serve."""
+    retriever_url: str | None = None
+    """A running retriever (``POST /retrieve``) to use instead of starting one; checked at start."""
+
+    @field_validator("rollout_gpus", "trainer_gpus", mode="before")
+    @classmethod
+    def _gpu_ids(cls, v: Any) -> list[int] | None:
+        from llds.placement import parse_ids
+
+        return parse_ids(v)
 
 
 RUN_FILES = ("run_id", "up_config.toml")
@@ -123,9 +171,11 @@ CONFIG_COPIES = "configs"
 first start, read again by ``--resume``)."""
 CHILD_ENV = {"rollout": "LLDS_ROLLOUT_", "trainer": "LLDS_TRAINER_"}
 """Child -> the env prefix of its settings, resolved into its config file and not passed on."""
+DATA_PATHS = ("dataset", "eval_dataset", "corpus", "index")
+"""UpConfig's file fields, made absolute before the run's config is written."""
 REPLICA_NAME = "rollout"
-"""The one rollout replica's registry name: stable, so a restarted or resumed replica replaces its
-own entry instead of leaving a dead one behind."""
+"""The first rollout replica's registry name (the others: ``rollout-1``, ...): stable, so a restarted
+or resumed replica replaces its own entry instead of leaving a dead one behind."""
 
 
 def run_id_for(run_dir: Path) -> str:
@@ -221,6 +271,60 @@ def ensure_world_index(seed: int) -> Path:
     return index_dir
 
 
+def file_digest(path: Path) -> str:
+    """sha256 of a file's bytes, hex."""
+    h = hashlib.sha256()
+    with path.open("rb") as f:
+        while block := f.read(8 << 20):
+            h.update(block)
+    return h.hexdigest()
+
+
+CORPUS_INDEX = "bm25-{digest}"
+"""Name of the index ``--corpus`` builds under ``RUN_DIR/index/``: its content digest (16 hex digits)."""
+
+
+def corpus_index(corpus: Path, root: Path) -> Path:
+    """The BM25 index of ``corpus`` under ``root``, built by the retriever's own builder (``llds index
+    build``) the first time this content is seen; a resume finds it by the digest and builds nothing.
+    An index of other content already there (the file changed since the run indexed it) is refused:
+    the run's documents would change under it."""
+    print(f"corpus    {corpus}: hashing (sha256) ...", flush=True)
+    out = root / CORPUS_INDEX.format(digest=file_digest(corpus)[:16])
+    if (out / "COMPLETE").is_file():
+        print(f"corpus    index {out} is built already", flush=True)
+        return out
+    others = sorted(p.name for p in root.glob(CORPUS_INDEX.format(digest="*")) if (p / "COMPLETE").is_file())
+    if others:
+        raise ConfigError(
+            f"--corpus {corpus} is not the file this run indexed ({root / others[0]}): its content changed. "
+            "Restore it, or start a new run (another --run-dir) on the new corpus"
+        )
+    run_tool(["index", "build", "--corpus", str(corpus), "--kind", "bm25", "--out", str(out)])
+    (out / "COMPLETE").write_text("ok\n")
+    return out
+
+
+def first_question(path: Path) -> tuple[str, list[str]]:
+    """(question, gold answers) of a question file's first row, read as the rollout reads it."""
+    from llds_rollout.dataset import load_rows
+
+    row = load_rows(path)[0]
+    return row.question, row.golds
+
+
+def check_retriever(url: str, timeout_s: float = 10.0) -> None:
+    """A ``--retriever-url`` answers ``GET /health`` with 200, else ConfigError saying what it did."""
+    try:
+        r = httpx.get(f"{url}/health", timeout=timeout_s)
+    except httpx.HTTPError as e:
+        raise ConfigError(
+            f"--retriever-url {url}: GET /health failed ({type(e).__name__}: {e}); is it running?"
+        ) from e
+    if r.status_code != 200:
+        raise ConfigError(f"--retriever-url {url}: GET /health answered {r.status_code}: {r.text[:200]}")
+
+
 def _check_preset(cfg: UpConfig) -> None:
     from llds import starts
 
@@ -247,7 +351,11 @@ class Up:
         # Children's whole output on the console too (their log files get it either way); else only
         # their errors.
         self.echo = cfg.verbose if echo is None else echo
-        self.run_dir = (cfg.run_dir or Path("runs") / time.strftime("%Y%m%d-%H%M%S")).resolve()
+        # Absolute: a resume from another working directory reads the same files.
+        self.cfg = cfg = cfg.model_copy(update={k: getattr(cfg, k).resolve() for k in DATA_PATHS
+                                                if getattr(cfg, k) is not None})  # fmt: skip
+        stamp = time.strftime("%Y%m%d-%H%M%S" if cfg.train else "serve-%Y%m%d-%H%M%S")
+        self.run_dir = (cfg.run_dir or Path("runs") / stamp).resolve()
         self.run_id = read_run_id(self.run_dir) if resume else run_id_for(self.run_dir)
         self.weights_root = self.run_dir / "weights"
         self.children: list[Child] = []
@@ -267,9 +375,92 @@ class Up:
             "trainer": _port(cfg.trainer_port),
             "dashboard": _port(cfg.dashboard_port),
         }
+        self._placement: Placement | None = None
+        self.rollout_names = [REPLICA_NAME]
+        """The rollout replicas' child names (and registry names): ``rollout``, ``rollout-1``, ..."""
+        self.one_gpu: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
+        """The one-GPU mode's (rollout, trainer) settings on top of their configs; empty otherwise."""
 
     def url(self, svc: str) -> str:
+        if svc == "retriever" and self.cfg.retriever_url:
+            return self.cfg.retriever_url.rstrip("/")
         return f"http://{self.cfg.host}:{self.ports[svc]}"
+
+    def child_names(self) -> list[str]:
+        """The children this run starts, in start order."""
+        cfg = self.cfg
+        names = [] if cfg.retriever_url else ["retriever"]
+        names += self.plan().rollout_names
+        if cfg.train:
+            names += ["trainer"] + (["dashboard"] if cfg.dashboard else [])
+        return names
+
+    # ------------------------------------------------------------------ GPUs
+    def plan(self) -> Up:
+        """Place the children on GPUs (:mod:`llds.placement`), once: which GPUs each gets, the rollout
+        replicas and their ports, the one-GPU mode's settings. Raises PlacementError."""
+        if self._placement is not None:
+            return self
+        from llds import placement as pl
+        from llds_rollout.config import RolloutSettings
+        from llds_trainer.config import TrainerConfig
+
+        cfg = self.cfg
+        # As the children will resolve them (their TOML < the inherited LLDS_<KIND>_* env).
+        rollout = RolloutSettings.load(self.child_config("rollout"), {"train": False})
+        trainer = TrainerConfig.load(self.child_config("trainer")) if cfg.train else None
+        rollout_on = str(rollout.engine.device).startswith("cuda")
+        trainer_on = trainer is not None and trainer.device == "cuda"
+        if not cfg.train and cfg.trainer_gpus is not None:
+            raise pl.PlacementError("--no-train starts no trainer: drop --trainer-gpus")
+        visible = pl.visible_gpus(cfg.gpus) if (rollout_on or trainer_on) else ()
+        placed = pl.place(visible, rollout_on_gpu=rollout_on, trainer_on_gpu=trainer_on,
+                          rollout_ids=cfg.rollout_gpus, trainer_ids=cfg.trainer_gpus)  # fmt: skip
+        if placed.active and str(rollout.engine.device) not in ("cuda", "cpu"):
+            raise pl.PlacementError(
+                f"engine.device = {rollout.engine.device!r}: llds up picks the rollout's GPU itself "
+                "(--rollout-gpus); give engine.device = 'cuda'"
+            )
+        if placed.shared:
+            assert trainer is not None
+            if trainer.weight_sync == "nccl":
+                raise pl.PlacementError(
+                    "weight_sync = 'nccl' joins the trainer and the rollout in one NCCL group, which cannot "
+                    "hold two processes on one GPU: use weight_sync = 'filesystem' (and the rollout's "
+                    "engine.weight_transfer = 'filesystem') in the one-GPU mode, or give each its own GPU"
+                )
+            gmu = getattr(rollout.engine, "gpu_memory_utilization", None)
+            self.one_gpu = pl.one_gpu_settings(cfg.one_gpu_rollout_share, gmu, trainer.micro_batch_size)
+            share = min(gmu, cfg.one_gpu_rollout_share) if gmu is not None else cfg.one_gpu_rollout_share
+            self._check_one_gpu(placed, share, trainer.kl_coef > 0)
+        self.rollout_names = [REPLICA_NAME] + [f"{REPLICA_NAME}-{i}" for i in range(1, placed.replicas)]
+        for name in self.rollout_names[1:]:
+            self.ports.setdefault(name, _port(0))
+        self._placement = placed
+        return self
+
+    def _check_one_gpu(self, placed: Placement, share: float, reference: bool) -> None:
+        """Refuse a one-GPU run the arithmetic says cannot fit; say so when it cannot be checked."""
+        from llds import placement as pl
+
+        model = Path(self.cfg.model) if self.cfg.model else None
+        params = pl.parameter_count(model) if model is not None else None
+        gpu = pl.gpu_memory_bytes(placed.visible[placed.rollout[0]])
+        if params is None or gpu is None:
+            what = (
+                "the GPU's memory is unknown (no nvidia-smi)"
+                if gpu is None
+                else f"the policy's size is unknown (--model {model} holds no safetensors files)"
+            )
+            print(f"one GPU   fit not checked: {what}", flush=True)
+            return
+        pl.check_one_gpu_fit(pl.OneGpuFit(params=params, gpu=gpu, rollout_share=share, reference=reference))
+
+    @property
+    def placement(self) -> Placement:
+        self.plan()
+        assert self._placement is not None
+        return self._placement
 
     def redis_password(self) -> str:
         """The password of the Redis started here: without it any local user could write the run's
@@ -298,8 +489,9 @@ class Up:
         from llds.supervisor import port_holder
 
         cfg = self.cfg
-        wanted = [(name, port) for name, port in self.ports.items() if name != "dashboard" or cfg.dashboard]
-        if not cfg.redis_url and cfg.redis_port:
+        names = set(self.child_names())
+        wanted = [(name, port) for name, port in self.ports.items() if name in names]
+        if cfg.train and not cfg.redis_url and cfg.redis_port:
             wanted.append(("redis", cfg.redis_port))
         held = [(name, port, who) for name, port in wanted if (who := port_holder(cfg.host, port))]
         if held:
@@ -311,18 +503,84 @@ class Up:
             )
 
     # ------------------------------------------------------------------ assets
+    def check_data(self) -> None:
+        """Your own data (docs/own-data.md), before anything starts: one source of documents at most,
+        questions and documents together when training, every question file valid (a bad row is named
+        by file, line and field), the index an index, the retriever answering."""
+        from llds_rollout.dataset import DatasetError, load_rows
+
+        cfg = self.cfg
+        docs = [f"--{k.replace('_', '-')}" for k in ("corpus", "index", "retriever_url") if getattr(cfg, k)]
+        if len(docs) > 1:
+            raise ConfigError(f"{' and '.join(docs)} each give the documents: pass one of them")
+        if cfg.train and cfg.dataset is not None and not docs:
+            raise ConfigError(
+                f"--dataset {cfg.dataset} needs the documents its questions are answered from: --corpus FILE "
+                "(indexed here), --index DIR or --retriever-url URL (the synthetic world's corpus knows "
+                "nothing of your questions)"
+            )
+        if cfg.train and docs and cfg.dataset is None:
+            raise ConfigError(
+                f"{docs[0]} replaces the synthetic world's documents, so its questions no longer fit: "
+                "give your training questions with --dataset FILE"
+            )
+        if cfg.eval_dataset is not None and cfg.dataset is None:
+            raise ConfigError(
+                "--eval-dataset goes with --dataset (the synthetic world has its own held-out set)"
+            )
+        for flag, path in (("--dataset", cfg.dataset), ("--eval-dataset", cfg.eval_dataset)):
+            if path is not None:
+                try:
+                    rows = load_rows(path)
+                except DatasetError as e:
+                    raise ConfigError(f"{flag}: {e}") from e
+                print(f"{flag[2:]:<9} {path}: {len(rows)} questions", flush=True)
+        if cfg.corpus is not None and not cfg.corpus.is_file():
+            raise ConfigError(f"--corpus {cfg.corpus} is not a file")
+        if cfg.index is not None:
+            from llds_retriever.errors import IndexFormatError
+            from llds_retriever.index import read_manifest
+
+            try:
+                manifest = read_manifest(cfg.index)
+            except (IndexFormatError, ValueError) as e:
+                raise ConfigError(f"--index: {e}") from e
+            print(
+                f"index     {cfg.index}: {manifest.get('kind')}, {manifest.get('num_docs')} documents",
+                flush=True,
+            )
+        if cfg.retriever_url:
+            check_retriever(self.url("retriever"))
+
     def prepare(self) -> dict[str, Path]:
+        """The files the children read: the policy, the documents' index (none with a retriever URL),
+        the training and held-out questions (the synthetic world's unless your own are given)."""
         from llds import assets, starts
 
-        world_dir = ensure_world(self.cfg.world_seed)
-        index_dir = ensure_world_index(self.cfg.world_seed)
-        if self.cfg.model:
-            policy = Path(self.cfg.model)
-        elif self.cfg.preset == "tiny":
-            policy = assets.tiny_model_dir()
+        cfg = self.cfg
+        paths: dict[str, Path] = {}
+        if cfg.index is not None:
+            paths["index"] = cfg.index
+        elif cfg.corpus is not None:
+            paths["index"] = corpus_index(cfg.corpus, self.run_dir / "index")
+        elif not cfg.retriever_url:
+            paths["index"] = ensure_world_index(cfg.world_seed)
+        if cfg.dataset is not None:
+            paths["dataset"] = cfg.dataset
+            paths["eval"] = cfg.eval_dataset or cfg.dataset
+        elif cfg.train:
+            paths["world"] = ensure_world(cfg.world_seed)
+        if cfg.model:
+            paths["policy"] = Path(cfg.model)
+        elif cfg.preset == "tiny":
+            paths["policy"] = assets.tiny_model_dir()
         else:
-            policy = starts.policy_dir(self.cfg.start)
-        return {"world": world_dir, "index": index_dir, "policy": policy}
+            paths["policy"] = starts.policy_dir(cfg.start)
+        return paths
+
+    def dataset_path(self) -> Path:
+        """The training questions the rollout reads."""
+        return self.paths.get("dataset") or self.paths["world"] / "train.jsonl"
 
     # ------------------------------------------------------------------ services
     def _config(self, kind: str, given: Path | None) -> Path:
@@ -364,13 +622,14 @@ class Up:
             return str(self.paths["policy"]), 0
         return str(published[1]), published[0]
 
-    def resolved_config(self, kind: str, wiring: dict[str, Any]) -> Path:
+    def resolved_config(self, kind: str, wiring: dict[str, Any], name: str | None = None) -> Path:
         """The one config file child ``kind`` (rollout / trainer) reads: its TOML (the run dir's copy)
         with this start's wiring on top, resolved as the child would (defaults < TOML < the inherited
         ``LLDS_<KIND>_*`` env < wiring) and written whole to ``RUN_DIR/configs/<kind>.resolved.toml``
         (rewritten at each start: ports and the rollout's starting weights change). The child gets no
         other setting: inherited ``LLDS_<KIND>_*`` variables are not passed on (``CHILD_ENV``), and the
-        secrets the file leaves out (the admin token, the Redis URL's password) come in the env."""
+        secrets the file leaves out (the admin token, the Redis URL's password) come in the env.
+        ``name``: the file's name when it is not ``kind`` (a second rollout replica's)."""
         from llds_rollout.config import RolloutSettings
         from llds_trainer.config import TrainerConfig
 
@@ -380,49 +639,60 @@ class Up:
             resolved = cls.load(source, wiring)
         except ValueError as e:
             raise ConfigError(f"{kind} config {source}: {e}") from e
-        return resolved.write_toml(self.run_dir / CONFIG_COPIES / f"{kind}.resolved.toml")
+        return resolved.write_toml(self.run_dir / CONFIG_COPIES / f"{name or kind}.resolved.toml")
 
     def spec(self, name: str) -> tuple[list[str], dict[str, str]]:
-        """argv and extra environment of child ``name``, computed at each (re)start."""
+        """argv and extra environment of child ``name``, computed at each (re)start. A child on GPUs
+        gets its own in ``CUDA_VISIBLE_DEVICES`` (the others none, once any child is on a GPU)."""
+        from llds.supervisor import torchrun_argv
+
         cfg = self.cfg
         py = [sys.executable, "-m", "llds.cli"]
         env = {"LLDS_ADMIN_TOKEN": self.token, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "TOKENIZERS_PARALLELISM": "false"}  # fmt: skip
         paths = self.paths
+        placed = self.placement
         if name == "retriever":
             return [*py, "retriever", "serve", "--index", str(paths["index"]),
-                    "--host", cfg.host, "--port", str(self.ports["retriever"])], env  # fmt: skip
-        if name == "rollout":
+                    "--host", cfg.host, "--port", str(self.ports["retriever"])], {**env, **placed.env(name)}  # fmt: skip
+        if name in self.rollout_names:
             model, version = self.rollout_start()
             if version:
-                print(f"rollout   starts on published weights v{version} ({model})", flush=True)
-            path = self.resolved_config("rollout", {
-                "model": model, "retriever_url": self.url("retriever"), "redis_url": self.redis_url,
-                "dataset": str(paths["world"] / "train.jsonl"), "weights_root": str(self.weights_root),
-                "host": cfg.host, "port": self.ports["rollout"], "run_id": self.run_id,
-                "initial_version": version, "replica_name": REPLICA_NAME})  # fmt: skip
-            return [*py, "rollout", "serve", "--config", str(path)], {
-                **env,
-                "OMP_NUM_THREADS": str(cfg.rollout_threads),
-                "LLDS_ROLLOUT_REDIS_URL": self.redis_url,
-            }
+                print(f"{name:<9} starts on published weights v{version} ({model})", flush=True)
+            wiring: dict[str, Any] = {"model": model, "retriever_url": self.url("retriever"), "host": cfg.host,
+                                      "port": self.ports[name], "run_id": self.run_id, "replica_name": name}  # fmt: skip
+            if cfg.train:
+                wiring.update(redis_url=self.redis_url, dataset=str(self.dataset_path()),
+                              weights_root=str(self.weights_root), initial_version=version)  # fmt: skip
+            else:
+                wiring["train"] = False
+            wiring = merged(wiring, self.one_gpu[0])
+            path = self.resolved_config("rollout", wiring, name)
+            child_env = {**env, "OMP_NUM_THREADS": str(cfg.rollout_threads),
+                         **placed.env("rollout", self.rollout_names.index(name))}  # fmt: skip
+            if cfg.train:
+                child_env["LLDS_ROLLOUT_REDIS_URL"] = self.redis_url
+            return [*py, "rollout", "serve", "--config", str(path)], child_env
         if name == "trainer":
             path = self.resolved_config("trainer", {
                 "model": str(paths["policy"]), "redis_url": self.redis_url, "run_dir": str(self.run_dir / "trainer"),
                 "weights_root": str(self.weights_root), "steps": cfg.steps, "host": cfg.host,
                 "port": self.ports["trainer"], "run_id": self.run_id,
                 # One machine's cores: the trainer takes turns with a sampling rollout (on the CPU only).
-                "num_threads": cfg.trainer_threads, "threads_while_sampling": 0})  # fmt: skip
-            return [*py, "trainer", "run", "--config", str(path)], {
+                "num_threads": cfg.trainer_threads, "threads_while_sampling": 0, **self.one_gpu[1]})  # fmt: skip
+            run = ["-m", "llds.cli", "trainer", "run", "--config", str(path)]
+            argv = torchrun_argv(placed.ranks, run) if placed.ranks > 1 else [sys.executable, *run]
+            return argv, {
                 **env,
                 "OMP_NUM_THREADS": str(cfg.trainer_threads),
                 "LLDS_TRAINER_REDIS_URL": self.redis_url,
+                **placed.env("trainer"),
             }
         if name == "dashboard":
             return [*py, "dashboard", "serve", "--host", cfg.host, "--port", str(self.ports["dashboard"]),
                     "--retriever-url", self.url("retriever"), "--rollout-url", self.url("rollout"),
                     "--trainer-url", self.url("trainer"),
-                    "--train-log", str(self.run_dir / "trainer" / "train_log.jsonl")], env  # fmt: skip
+                    "--train-log", str(self.run_dir / "trainer" / "train_log.jsonl")], {**env, **placed.env(name)}  # fmt: skip
         raise ValueError(f"no child named {name!r}")
 
     def start(self, paths: dict[str, Path]) -> None:
@@ -430,11 +700,12 @@ class Up:
         from llds.supervisor import Child, wait_healthy
 
         cfg = self.cfg
+        self.plan()
         self.paths = paths
         self.run_dir.mkdir(parents=True, exist_ok=True)
         (self.run_dir / "run_id").write_text(self.run_id + "\n")
         cfg.model_copy(update={"run_dir": self.run_dir}).write_toml(self.run_dir / "up_config.toml")
-        for kind in ("rollout", "trainer"):
+        for kind in ("rollout", "trainer") if cfg.train else ("rollout",):
             copy = self.run_dir / CONFIG_COPIES / f"{kind}.toml"
             if not copy.is_file():
                 copy.parent.mkdir(exist_ok=True)
@@ -442,7 +713,9 @@ class Up:
         print(
             f"run id    {self.run_id}" + (f" (resumed at step {self.logged_step()})" if self.resume else "")
         )
-        if cfg.redis_url:
+        if not cfg.train:
+            pass  # serving only: nothing reads Redis
+        elif cfg.redis_url:
             self.redis_url = cfg.redis_url
         else:
             redis = RedisServer(data_dir=self.run_dir / "redis", port=_port(cfg.redis_port), host=cfg.host,
@@ -454,33 +727,45 @@ class Up:
             )
         self.weights_root.mkdir(parents=True, exist_ok=True)
         logs = self.run_dir / "logs"
-        names = ["retriever", "rollout", "trainer"] + (["dashboard"] if cfg.dashboard else [])
-        for name in names:
-            argv, env = self.spec(name)
-            self.children.append(
-                Child(
-                    name=name,
-                    argv=argv,
-                    log_path=logs / f"{name}.log",
-                    env=env,
-                    clear_env=CHILD_ENV.get(name),
-                ).start(self.echo)
-            )
-        for child in self.children:
-            waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)
-            print(
-                f"{child.name:<9} healthy after {waited:.1f} s at {self.url(child.name)} (log {child.log_path})"
-            )
+        names = self.child_names()
+        # One GPU shared: vLLM sizes its KV cache from the memory free while it starts, so the trainer
+        # loads only once the rollout is up.
+        waves = (
+            [names[: names.index("trainer")], names[names.index("trainer") :]]
+            if self.placement.shared
+            else [names]
+        )
+        for wave in waves:
+            started = []
+            for name in wave:
+                argv, env = self.spec(name)
+                kind = "rollout" if name in self.rollout_names else name
+                child = Child(name=name, argv=argv, log_path=logs / f"{name}.log", env=env,
+                              clear_env=CHILD_ENV.get(kind)).start(self.echo)  # fmt: skip
+                self.children.append(child)
+                started.append(child)
+            for child in started:
+                waited = wait_healthy(child, f"{self.url(child.name)}/health", cfg.health_timeout_s)
+                print(
+                    f"{child.name:<9} healthy after {waited:.1f} s at {self.url(child.name)} (log {child.log_path})"
+                )
 
     def banner(self) -> None:
+        from llds_rollout.config import RolloutSettings
+
+        engine = RolloutSettings.load(self.child_config("rollout"), {"train": False}).engine
         print("\n" + "=" * 72)
         print(f"run dir    {self.run_dir}")
         print(f"run id     {self.run_id}")
-        if self.cfg.dashboard:
+        if self.cfg.train and self.cfg.dashboard:
             print(f"dashboard  {self.url('dashboard')}/")
         print(f"retriever  {self.url('retriever')}/retrieve")
-        print(f"rollout    {self.url('rollout')}/answer")
-        print(f"trainer    {self.url('trainer')}/status")
+        for name in self.rollout_names:
+            print(f"{name:<10} {self.url(name)}/answer")
+            if engine.openai_api:
+                print(f"{'':<10} {self.url(name)}/v1 (OpenAI-compatible: /v1/chat/completions, /v1/models)")
+        if self.cfg.train:
+            print(f"trainer    {self.url('trainer')}/status")
         print(f"admin token in {self.run_dir / 'admin_token'} (for /admin routes)")
         print(f'try:  llds answer --rollout-url {self.url("rollout")} "Who founded the ...?"')
         print("=" * 72 + "\n")
@@ -546,14 +831,18 @@ class Up:
                                               f"{quiet_group:.0f} s while the trainer waits for groups")  # fmt: skip
 
     def _rollout_tokens(self) -> float:
-        """The rollout's generated-token counter (counted as each episode finishes); -1 unreadable."""
+        """The rollout replicas' generated-token counters, summed (counted as each episode finishes);
+        -1 unreadable."""
         from llds.dashboard.scrape import parse_metrics
 
-        try:
-            text = httpx.get(f"{self.url('rollout')}/metrics", timeout=5.0).text
-        except httpx.HTTPError:
-            return -1.0
-        return parse_metrics(text).counters.get("llds_rollout_generated_tokens_total", 0.0)
+        total = 0.0
+        for name in self.rollout_names:
+            try:
+                text = httpx.get(f"{self.url(name)}/metrics", timeout=5.0).text
+            except httpx.HTTPError:
+                return -1.0
+            total += parse_metrics(text).counters.get("llds_rollout_generated_tokens_total", 0.0)
+        return total
 
     def _groups_added(self) -> int | None:
         """Entries ever added to the run's trajectory stream (None: Redis unreachable)."""
@@ -687,20 +976,21 @@ class Up:
 
     def pause_production(self) -> None:
         """Training is done: stop the rollout producing groups nobody will consume (it keeps answering)."""
-        r = httpx.post(
-            f"{self.url('rollout')}/admin/pause",
-            headers={"Authorization": f"Bearer {self.token}"},
-            timeout=30,
-        )
-        if r.status_code != 200:
-            print(f"warning: could not pause rollout production: {r.status_code} {r.text[:200]}")
+        for name in self.rollout_names:
+            r = httpx.post(
+                f"{self.url(name)}/admin/pause",
+                headers={"Authorization": f"Bearer {self.token}"},
+                timeout=30,
+            )
+            if r.status_code != 200:
+                print(f"warning: could not pause {name}'s production: {r.status_code} {r.text[:200]}")
 
-    def summary(self, status: dict[str, object], world_dir: Path) -> dict[str, object]:
+    def summary(self, status: dict[str, object]) -> dict[str, object]:
         """Ask one held-out question through the live system and print a one-screen summary."""
-        row = json.loads((world_dir / "eval.jsonl").read_text().splitlines()[0])
+        question, gold = first_question(self.paths.get("eval") or self.paths["world"] / "eval.jsonl")
         with httpx.Client(timeout=300.0) as client:
             health = client.get(f"{self.url('rollout')}/health").json()
-            ans = client.post(f"{self.url('rollout')}/answer", json={"question": row["question"]})
+            ans = client.post(f"{self.url('rollout')}/answer", json={"question": question})
         # The trainer may already have exited after its last step: read its log, not its HTTP API.
         history = K.read_records(self.run_dir / "trainer" / "train_log.jsonl")
         answer: dict[str, Any] = ans.json() if ans.status_code == 200 else {"error": ans.text}
@@ -714,8 +1004,8 @@ class Up:
             "rollout_weights_version": health.get("detail", {}).get("weights_version"),
             "reward_mean_per_step": [h.get(K.REWARD_MEAN) for h in history],
             "llds_term_per_step": [h.get(K.LOSS_LLDS) for h in history],
-            "question": row["question"],
-            "gold": row["golden_answers"],
+            "question": question,
+            "gold": gold,
             "answer": answer.get("answer"),
             "searches": [t.get("search_query") for t in answer.get("turns", []) if t.get("search_query")],
         }
@@ -744,18 +1034,47 @@ RESUME_FIXED = (
     "world_seed",
     "rollout_config",
     "trainer_config",
+    "train",
+    "dataset",
+    "eval_dataset",
+    "corpus",
+    "index",
 )
 """Flags ``--resume`` refuses: they would change what the run is, not how it continues."""
 
 
-def build_parser() -> argparse.ArgumentParser:
+SERVE_UNUSED = (
+    "steps",
+    "dataset",
+    "eval_dataset",
+    "trainer_gpus",
+    "trainer_config",
+    "trainer_port",
+    "trainer_threads",
+    "exit_when_done",
+    "dashboard",
+    "dashboard_port",
+    "redis_port",
+    "redis_url",
+)
+"""Flags that mean nothing without training: refused with ``--no-train`` (``llds serve``)."""
+GPU_ID_FLAGS = ("rollout_gpus", "trainer_gpus")
+"""Fields whose flag also takes ``0,1`` in one value."""
+
+
+def build_parser(prog: str = "llds up") -> argparse.ArgumentParser:
     """``llds up``'s flags: one per :class:`UpConfig` field, ``--config``, ``--set`` and ``--resume``."""
+    from llds.placement import gpu_ids_arg
+
     p = argparse.ArgumentParser(
-        prog="llds up",
+        prog=prog,
         description=__doc__.split("\n\n")[0],
         usage="%(prog)s [-h] [--config FILE | --resume RUN_DIR] [--FIELD VALUE ...] [--set KEY=VALUE ...]",
     )
     add_settings_flags(p, UpConfig, config_help="TOML file with UpConfig fields")
+    for action in p._actions:
+        if action.dest in GPU_ID_FLAGS:
+            action.type = gpu_ids_arg  # "0,1" as well as the flag repeated
     p.add_argument(
         "--resume",
         type=Path,
@@ -765,17 +1084,19 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
+def parse_args(argv: list[str], prog: str = "llds up") -> tuple[UpConfig, bool]:
     """The config and whether it resumes a run: ``--resume RUN_DIR`` reads back RUN_DIR/up_config.toml
     (then env, then the flags given, as always)."""
-    p = build_parser()
+    p = build_parser(prog)
     args = p.parse_args(argv)
     overrides = settings_overrides(args, UpConfig)
     resume: Path | None = args.resume
     config: Path | None = args.config
     if resume is not None:
         fixed = [
-            f"--{k.replace('_', '-')}" for k in RESUME_FIXED if (config if k == "config" else k in overrides)
+            f"--{'no-' if overrides.get(k) is False else ''}{k.replace('_', '-')}"
+            for k in RESUME_FIXED
+            if (config if k == "config" else k in overrides)
         ]
         if fixed:
             p.error(
@@ -786,14 +1107,34 @@ def parse_args(argv: list[str]) -> tuple[UpConfig, bool]:
             p.error(f"{resume} is not a run dir of llds up (it has no {', '.join(missing)})")
         config, overrides["run_dir"] = resume / "up_config.toml", resume
     try:
-        return UpConfig.load(config, overrides=overrides), resume is not None
+        cfg = UpConfig.load(config, overrides=overrides)
     except ValueError as e:
         p.error(str(e))
         raise  # parser.error exits
+    unused = [f"--{k.replace('_', '-')}" for k in SERVE_UNUSED if k in overrides]
+    if not cfg.train and unused:
+        p.error(f"{', '.join(unused)} mean nothing without training (--no-train, llds serve): drop them")
+    return cfg, resume is not None
 
 
-def main(argv: list[str] | None = None) -> int:
-    cfg, resume = parse_args(sys.argv[1:] if argv is None else argv)
+SERVE_USAGE = "llds serve MODEL_DIR [--preset cpu|tiny|gpu] [--rollout-gpus IDS] [--corpus FILE | --index DIR | --retriever-url URL] [llds up flags]"
+
+
+def serve_main(argv: list[str]) -> int:
+    """``llds serve MODEL_DIR [FLAGS]``: ``llds up --no-train --model MODEL_DIR [FLAGS]``: the retriever
+    and the rollout serving ``/answer`` and ``/v1`` until Ctrl-C, nothing trained."""
+    if not argv or argv[0] in ("-h", "--help"):
+        print(f"usage: {SERVE_USAGE}\n\n{serve_main.__doc__}\nFlags: those of `llds up --help` "
+              "(without the training ones).", file=sys.stdout if argv else sys.stderr)  # fmt: skip
+        return 0 if argv else 2
+    if argv[0].startswith("-"):
+        print(f"usage: {SERVE_USAGE}\nllds serve: the policy folder comes first", file=sys.stderr)
+        return 2
+    return main(["--no-train", "--model", argv[0], *argv[1:]], prog="llds serve")
+
+
+def main(argv: list[str] | None = None, prog: str = "llds up") -> int:
+    cfg, resume = parse_args(sys.argv[1:] if argv is None else argv, prog)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(message)s")
     logging.getLogger("httpx").setLevel(logging.WARNING)
     from llds.supervisor import ChildFailed
@@ -802,14 +1143,22 @@ def main(argv: list[str] | None = None) -> int:
         _check_preset(cfg)
         up = Up(cfg, resume=resume)
         up.check_run_dir()
-        if resume and cfg.exit_when_done and up.trainer_done():
+        if resume and cfg.train and cfg.exit_when_done and up.trainer_done():
             # Its trainer would exit at once, before it ever answers /health: nothing to start.
             print(f"{up.run_dir} has trained its {cfg.steps} steps already: nothing to do", flush=True)
             return 0
-        up.check_ports()
         print(f"rollout engine: {up.check_engine()}", flush=True)
+        if up.placement.active:
+            print(f"placement: {up.placement.describe()}", flush=True)
+        if up.placement.shared:
+            r, t = up.one_gpu
+            print(f"one GPU:   vLLM at most {r.get('engine', {}).get('gpu_memory_utilization', '-')} of its memory; "
+                  f"trainer {t['dtype']} weights and reference, micro-batch {t['micro_batch_size']}, "
+                  "gradient checkpointing (docs/gpu-placement.md)", flush=True)  # fmt: skip
+        up.check_data()
+        up.check_ports()
     except ValueError as e:  # ConfigError, or the rollout config failing validation
-        print(f"llds up: {e}", file=sys.stderr)
+        print(f"{prog}: {e}", file=sys.stderr)
         return 2
     # SIGTERM (e.g. from a test or a container runtime) takes the same path as Ctrl-C.
     signal.signal(signal.SIGTERM, lambda *_: (_ for _ in ()).throw(KeyboardInterrupt()))
@@ -821,21 +1170,24 @@ def main(argv: list[str] | None = None) -> int:
         paths = up.prepare()
         up.start(paths)
         up.banner()
+        if not cfg.train:
+            print("serving (nothing trains) — Ctrl-C to stop", flush=True)
+            up.serve()
         status = up.wait_for_steps()
         up.pause_production()
-        up.summary(status, paths["world"])
+        up.summary(status)
         if not cfg.exit_when_done:
             print("training done; still serving /answer — Ctrl-C to stop")
             up.serve()
     except KeyboardInterrupt:
         print("\nstopping ...")
-        if up.children and not up.trainer_done():
+        if cfg.train and up.children and not up.trainer_done():
             print(f"continue this run with: llds up --resume {up.run_dir}")
     except ChildFailed as e:
-        print(f"llds up failed: {e}", file=sys.stderr, flush=True)
+        print(f"{prog} failed: {e}", file=sys.stderr, flush=True)
         code = e.exit_code
     except Exception as e:
-        print(f"llds up failed: {e}", file=sys.stderr)
+        print(f"{prog} failed: {e}", file=sys.stderr)
         code = 1
     finally:
         # A second Ctrl-C (or a SIGTERM on top of the first) must not abort the shutdown half-way and
