@@ -10,9 +10,9 @@ when set, else every GPU ``nvidia-smi -L`` lists (``--gpus N`` overrides the cou
 
 Defaults, from the number of GPUs ``n`` (both children on GPUs):
 
-- ``n == 1``: both on GPU 0, the one-GPU mode (:data:`ONE_GPU`): vLLM takes a small share of the
-  memory, the trainer runs in bfloat16 with a small micro-batch; :func:`check_one_gpu_fit` refuses
-  a policy whose arithmetic does not fit.
+- ``n == 1``: both on GPU 0, the one-GPU mode: vLLM takes a small share of the memory, the trainer
+  a small micro-batch with gradient checkpointing, its weights in float32 when they fit beside vLLM
+  and in bfloat16 otherwise (:func:`one_gpu_precision`, which refuses a policy that fits neither way).
 - ``n >= 2``: the first ``max(1, n // 4)`` GPUs are rollout replicas, the rest trainer ranks
   (2 -> 1 + 1, 4 -> 1 + 3, 8 -> 2 + 6).
 
@@ -283,21 +283,21 @@ def _seen(visible: tuple[str, ...]) -> str:
 
 
 def one_gpu_settings(
-    rollout_share: float, gpu_memory_utilization: float | None, micro_batch_size: int
+    rollout_share: float, gpu_memory_utilization: float | None, micro_batch_size: int, bf16: bool
 ) -> tuple[dict[str, object], dict[str, object]]:
     """(rollout, trainer) settings the one-GPU mode puts on top of the children's configs: vLLM
-    limited to ``rollout_share`` of the GPU (or less, as configured), the trainer's weights, gradients,
-    AdamW state and reference model in bfloat16 (half of float32's), a micro-batch of at most
-    :data:`ONE_GPU_MICRO_BATCH`, activations recomputed (gradient checkpointing)."""
+    limited to ``rollout_share`` of the GPU (or less, as configured), a trainer micro-batch of at most
+    :data:`ONE_GPU_MICRO_BATCH` with activations recomputed (gradient checkpointing), and with
+    ``bf16`` the trainer's weights, gradients, AdamW state and reference model in bfloat16."""
     rollout: dict[str, object] = {}
     if gpu_memory_utilization is not None:
         rollout["engine"] = {"gpu_memory_utilization": min(gpu_memory_utilization, rollout_share)}
     trainer: dict[str, object] = {
-        "dtype": "bfloat16",
-        "autocast": "none",
         "micro_batch_size": min(micro_batch_size, ONE_GPU_MICRO_BATCH),
         "gradient_checkpointing": True,
     }
+    if bf16:
+        trainer.update(dtype="bfloat16", autocast="none")
     return rollout, trainer
 
 
@@ -323,17 +323,24 @@ def parameter_count(model_dir: Path) -> int | None:
 
 @dataclass(frozen=True)
 class OneGpuFit:
-    """The one-GPU mode's arithmetic, in bytes."""
+    """The one-GPU mode's arithmetic, in bytes: the trainer's weights, gradients and AdamW moments
+    (+ the reference model) at ``weight_bytes`` a parameter in what vLLM and the reserve leave, and
+    vLLM's bfloat16 weights in its share."""
 
     params: int
     gpu: int
     rollout_share: float
     reference: bool
+    weight_bytes: int = BF16_BYTES
+    """4: float32 master weights (and reference); 2: bfloat16."""
+
+    @property
+    def tensors(self) -> int:
+        return TRAINER_STATE_COPIES + int(self.reference)
 
     @property
     def trainer_need(self) -> int:
-        """bfloat16 weights, gradients, AdamW moments (+ the reference model)."""
-        return self.params * BF16_BYTES * (TRAINER_STATE_COPIES + int(self.reference))
+        return self.params * self.weight_bytes * self.tensors
 
     @property
     def trainer_budget(self) -> int:
@@ -349,13 +356,14 @@ class OneGpuFit:
 
     def problem(self) -> str | None:
         gb = 1e9
+        dtype = "float32" if self.weight_bytes == 4 else "bfloat16"
         if self.trainer_need > self.trainer_budget:
             return (
                 f"the trainer needs {self.trainer_need / gb:.1f} GB ({self.params / 1e9:.2f}B parameters x "
-                f"2 bytes x {TRAINER_STATE_COPIES + int(self.reference)}: bfloat16 weights, gradients, AdamW "
-                f"moments{', reference model' if self.reference else ''}) and has "
-                f"{self.trainer_budget / gb:.1f} GB of the GPU's {self.gpu / gb:.1f} GB (vLLM takes "
-                f"{self.rollout_share:.0%}, {ONE_GPU_RESERVE:.0%} is kept for activations)"
+                f"{self.weight_bytes} bytes x {self.tensors}: {dtype} weights, gradients, AdamW moments"
+                f"{', reference model' if self.reference else ''}) and has {self.trainer_budget / gb:.1f} GB "
+                f"of the GPU's {self.gpu / gb:.1f} GB (vLLM takes {self.rollout_share:.0%}, "
+                f"{ONE_GPU_RESERVE:.0%} is kept for activations)"
             )
         if self.rollout_weights >= self.rollout_budget:
             return (
@@ -365,11 +373,17 @@ class OneGpuFit:
         return None
 
 
-def check_one_gpu_fit(fit: OneGpuFit) -> None:
-    """Raise :class:`PlacementError` when the one-GPU mode cannot fit, saying what to do instead."""
+def one_gpu_precision(params: int, gpu: int, rollout_share: float, reference: bool, float32: bool) -> bool:
+    """Whether the one-GPU mode must store the trainer's weights in bfloat16: float32 master weights
+    (``float32``: what the config asks) are kept when the arithmetic fits them, else bfloat16 when it
+    fits those; neither fitting raises :class:`PlacementError` saying what to do instead."""
+    fit = OneGpuFit(params=params, gpu=gpu, rollout_share=rollout_share, reference=reference)
+    if float32 and OneGpuFit(params, gpu, rollout_share, reference, weight_bytes=4).problem() is None:
+        return False
     why = fit.problem()
     if why is not None:
         raise PlacementError(
             f"one GPU cannot hold both the rollout and the trainer of this policy: {why}. Use two GPUs "
             "(--gpus 2, or --rollout-gpus 0 --trainer-gpus 1), a smaller policy, or another --one-gpu-rollout-share"
         )
+    return True

@@ -140,7 +140,7 @@ class UpConfig(ServiceSettings):
     not take. The same single id as ``rollout_gpus`` shares one GPU (the one-GPU mode)."""
     one_gpu_rollout_share: float = Field(default=0.3, gt=0, lt=1)
     """One-GPU mode: the most of the GPU's memory vLLM may take (its ``gpu_memory_utilization``);
-    the trainer runs in bfloat16 with a micro-batch of at most 2 in the rest."""
+    the trainer, with a micro-batch of at most 2, has the rest (float32 weights if they fit, else bf16)."""
 
     # ---------------------------------------------------------------- your own data (docs/own-data.md)
     dataset: Path | None = None
@@ -380,6 +380,8 @@ class Up:
         """The rollout replicas' child names (and registry names): ``rollout``, ``rollout-1``, ..."""
         self.one_gpu: tuple[dict[str, Any], dict[str, Any]] = ({}, {})
         """The one-GPU mode's (rollout, trainer) settings on top of their configs; empty otherwise."""
+        self.one_gpu_notes: list[str] = []
+        """What the one-GPU mode chose, said on the console at start."""
 
     def url(self, svc: str) -> str:
         if svc == "retriever" and self.cfg.retriever_url:
@@ -430,22 +432,35 @@ class Up:
                     "engine.weight_transfer = 'filesystem') in the one-GPU mode, or give each its own GPU"
                 )
             gmu = getattr(rollout.engine, "gpu_memory_utilization", None)
-            self.one_gpu = pl.one_gpu_settings(cfg.one_gpu_rollout_share, gmu, trainer.micro_batch_size)
             share = min(gmu, cfg.one_gpu_rollout_share) if gmu is not None else cfg.one_gpu_rollout_share
-            self._check_one_gpu(placed, share, trainer.kl_coef > 0)
+            bf16 = self._one_gpu_bf16(placed, share, trainer)
+            self.one_gpu = _, t = pl.one_gpu_settings(
+                cfg.one_gpu_rollout_share, gmu, trainer.micro_batch_size, bf16
+            )
+            vllm = (
+                f"at most {share:.0%} of its memory" if gmu is not None else "as configured (no vLLM share)"
+            )
+            self.one_gpu_notes.insert(0, (
+                f"one GPU:  rollout {vllm}; trainer weights and reference in {t.get('dtype', trainer.dtype)}, "
+                f"micro-batch {t['micro_batch_size']}, gradient checkpointing; the trainer starts once the "
+                "rollout is up (docs/gpu-placement.md)"))  # fmt: skip
         self.rollout_names = [REPLICA_NAME] + [f"{REPLICA_NAME}-{i}" for i in range(1, placed.replicas)]
         for name in self.rollout_names[1:]:
             self.ports.setdefault(name, _port(0))
         self._placement = placed
         return self
 
-    def _check_one_gpu(self, placed: Placement, share: float, reference: bool) -> None:
-        """Refuse a one-GPU run the arithmetic says cannot fit; say so when it cannot be checked."""
+    def _one_gpu_bf16(self, placed: Placement, share: float, trainer: Any) -> bool:
+        """The one-GPU mode's trainer precision (:func:`llds.placement.one_gpu_precision`): the config's
+        float32 master weights when they fit beside vLLM, else bfloat16 weights and reference (said on
+        the console: they round away updates below ~1/256 of a weight); refused when neither fits.
+        Unchecked (bfloat16, said) when the policy's size or the GPU's memory is unknown."""
         from llds import placement as pl
 
         model = Path(self.cfg.model) if self.cfg.model else None
         params = pl.parameter_count(model) if model is not None else None
         gpu = pl.gpu_memory_bytes(placed.visible[placed.rollout[0]])
+        float32 = trainer.dtype == "float32"
         if params is None or gpu is None:
             what = (
                 "the GPU's memory is unknown (no nvidia-smi)"
@@ -453,8 +468,16 @@ class Up:
                 else f"the policy's size is unknown (--model {model} holds no safetensors files)"
             )
             print(f"one GPU   fit not checked: {what}", flush=True)
-            return
-        pl.check_one_gpu_fit(pl.OneGpuFit(params=params, gpu=gpu, rollout_share=share, reference=reference))
+            bf16 = float32
+        else:
+            bf16 = pl.one_gpu_precision(params, gpu, share, trainer.kl_coef > 0, float32)
+        if bf16 and float32:
+            self.one_gpu_notes.append(
+                f"warning: the trainer's weights are bfloat16 (float32 master weights do not fit beside vLLM "
+                f"on one GPU): an update below ~1/256 of a weight is rounded away, and at lr "
+                f"{trainer.optimizer.lr:g} most are (docs/trainer.md, Precision). Two GPUs keep float32."
+            )
+        return bf16
 
     @property
     def placement(self) -> Placement:
@@ -1150,11 +1173,8 @@ def main(argv: list[str] | None = None, prog: str = "llds up") -> int:
         print(f"rollout engine: {up.check_engine()}", flush=True)
         if up.placement.active:
             print(f"placement: {up.placement.describe()}", flush=True)
-        if up.placement.shared:
-            r, t = up.one_gpu
-            print(f"one GPU:   vLLM at most {r.get('engine', {}).get('gpu_memory_utilization', '-')} of its memory; "
-                  f"trainer {t['dtype']} weights and reference, micro-batch {t['micro_batch_size']}, "
-                  "gradient checkpointing (docs/gpu-placement.md)", flush=True)  # fmt: skip
+        for note in up.one_gpu_notes:
+            print(note, flush=True)
         up.check_data()
         up.check_ports()
     except ValueError as e:  # ConfigError, or the rollout config failing validation

@@ -298,29 +298,40 @@ def test_parameter_count_reads_the_headers(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("params", "gpu_gb", "fits"),
-    [(3.1e9, 80, True), (7.6e9, 80, False), (7.6e9, 141, True), (1.5e9, 24, False), (0.5e9, 24, True)],
-)
+    ("params", "gpu_gb", "dtype"),
+    [(1.5e9, 141, "float32"), (0.5e9, 24, "float32"), (3.1e9, 80, "bfloat16"), (7.6e9, 141, "bfloat16"),
+     (7.6e9, 80, None), (1.5e9, 24, None)],
+)  # fmt: skip
 def test_one_gpu_fit(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, params: float, gpu_gb: int, fits: bool
-) -> None:
-    """bf16 weights, gradients, two AdamW moments and the reference (kl_coef 0.001 in the preset):
-    10 bytes a parameter in the 60% of the GPU left by vLLM's 30% and the 10% reserve."""
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], params: float,
+    gpu_gb: int, dtype: str | None,
+) -> None:  # fmt: skip
+    """Weights, gradients, two AdamW moments and the reference (kl_coef 0.001 in the preset): 20 bytes a
+    parameter in float32 (the preset's master weights), 10 in bfloat16, in the 60% of the GPU that
+    vLLM's 30% and the 10% reserve leave; float32 kept when it fits, else bfloat16, else refused."""
     _fake_model(tmp_path / "policy", int(params))
     monkeypatch.setattr(
         placement, "_nvidia_smi", lambda *a: [str(gpu_gb * 1e9 / 2**20)] if "-i" in a else None
     )
     u = _up(tmp_path, "--gpus", "1")
-    if fits:
-        u.plan()
-        assert u.placement.shared
+    if dtype is None:
+        with pytest.raises(PlacementError) as e:
+            u.plan()
+        msg = str(e.value)
+        assert (
+            f"the trainer needs {params * 10 / 1e9:.1f} GB" in msg
+            and "--rollout-gpus 0 --trainer-gpus 1" in msg
+        )
         return
-    with pytest.raises(PlacementError) as e:
-        u.plan()
-    msg = str(e.value)
-    assert (
-        f"the trainer needs {params * 10 / 1e9:.1f} GB" in msg and "--rollout-gpus 0 --trainer-gpus 1" in msg
+    trainer = _specs(u)["trainer"][2]
+    assert (trainer["dtype"], trainer["micro_batch_size"], trainer["gradient_checkpointing"]) == (
+        dtype,
+        2,
+        True,
     )
+    assert trainer["autocast"] == ("bfloat16" if dtype == "float32" else "none")  # the preset's, kept
+    warned = "rounded away, and at lr 1e-06 most are" in " ".join(u.one_gpu_notes)
+    assert warned == (dtype == "bfloat16")
 
 
 def test_one_gpu_fit_unchecked_is_said(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -338,7 +349,12 @@ lifeline.install("rank")  # as llds.cli does before `trainer run`
 rank = int(os.environ["RANK"])
 print(f"rank {rank} parent {os.getppid()} lifeline {os.environ.get('LLDS_PARENT_PID')} "
       f"world {os.environ['WORLD_SIZE']}", flush=True)
+open(os.path.join(sys.argv[2], f"rank{rank}"), "w").close()
 if sys.argv[1] == "exit":
+    # rank 0 fails once rank 1 has started (torchrun stops the others when one fails)
+    deadline = time.monotonic() + 120
+    while rank == 0 and not os.path.exists(os.path.join(sys.argv[2], "rank1")) and time.monotonic() < deadline:
+        time.sleep(0.1)
     sys.exit(3 if rank == 0 else 0)
 time.sleep(120)
 """
@@ -347,7 +363,7 @@ time.sleep(120)
 def _torchrun(tmp_path: Path, mode: str) -> subprocess.Popen[str]:
     script = tmp_path / "rank.py"
     script.write_text(RANK_SCRIPT)
-    argv = supervisor.torchrun_argv(2, [str(script), mode])
+    argv = supervisor.torchrun_argv(2, [str(script), mode, str(tmp_path)])
     env = {**os.environ, "LLDS_PARENT_PID": str(os.getpid()), "PYTHONUNBUFFERED": "1", "OMP_NUM_THREADS": "1"}
     return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)  # fmt: skip
