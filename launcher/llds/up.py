@@ -315,14 +315,15 @@ def first_question(path: Path) -> tuple[str, list[str]]:
 
 def check_retriever(url: str, timeout_s: float = 10.0) -> None:
     """A ``--retriever-url`` answers ``GET /health`` with 200, else ConfigError saying what it did."""
+    shown = redact_url(url)
     try:
         r = httpx.get(f"{url}/health", timeout=timeout_s)
     except httpx.HTTPError as e:
         raise ConfigError(
-            f"--retriever-url {url}: GET /health failed ({type(e).__name__}: {e}); is it running?"
+            f"--retriever-url {shown}: GET /health failed ({type(e).__name__}); is it running?"
         ) from e
     if r.status_code != 200:
-        raise ConfigError(f"--retriever-url {url}: GET /health answered {r.status_code}: {r.text[:200]}")
+        raise ConfigError(f"--retriever-url {shown}: GET /health answered {r.status_code}: {r.text[:200]}")
 
 
 def _check_preset(cfg: UpConfig) -> None:
@@ -782,7 +783,7 @@ class Up:
         print(f"run id     {self.run_id}")
         if self.cfg.train and self.cfg.dashboard:
             print(f"dashboard  {self.url('dashboard')}/")
-        print(f"retriever  {self.url('retriever')}/retrieve")
+        print(f"retriever  {redact_url(self.url('retriever'))}/retrieve")
         for name in self.rollout_names:
             print(f"{name:<10} {self.url(name)}/answer")
             if engine.openai_api:
