@@ -25,7 +25,7 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
     ("serve",): (
         "llds.up",
         "serve_main",
-        "serve a policy: retriever + rollout (/answer, /v1), nothing trained (llds up --no-train)",
+        "serve a policy: retriever + rollout (/answer, /agent/v1, /v1), nothing trained (llds up --no-train)",
     ),
     ("answer",): ("llds_rollout.cli", "answer_main", "answer a question with the search agent"),
     ("retriever", "serve"): ("llds_retriever.cli", "serve_main", "serve POST /retrieve"),

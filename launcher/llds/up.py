@@ -24,7 +24,7 @@ with ``--corpus`` (documents, indexed into the run dir), ``--index`` (a prebuilt
     llds up --preset tiny --steps 2 --exit-when-done   # seconds-per-step smoke run
     llds up --resume runs/20261201-101500 --steps 20   # continue that run up to step 20
     llds up --preset gpu --model DIR --dataset q.jsonl --corpus docs.jsonl   # your data, your GPUs
-    llds serve DIR --preset gpu   # retriever + rollout (/answer, /v1), no training
+    llds serve DIR --preset gpu   # retriever + rollout (/answer, /agent/v1, /v1), no training
 """
 
 from __future__ import annotations
@@ -126,7 +126,7 @@ class UpConfig(ServiceSettings):
     and the children's errors, and their full output is only in ``RUN_DIR/logs/<service>.log``."""
     train: bool = True
     """Train; ``--no-train`` (what ``llds serve MODEL`` runs) starts only the retriever and the rollout
-    (``/answer``, ``/v1``): no Redis, no trainer, no dashboard."""
+    (``/answer``, ``/agent/v1``, ``/v1``): no Redis, no trainer, no dashboard."""
 
     # ---------------------------------------------------------------- GPUs (docs/gpu-placement.md)
     gpus: int | None = Field(default=None, ge=0)
@@ -786,8 +786,9 @@ class Up:
         print(f"retriever  {redact_url(self.url('retriever'))}/retrieve")
         for name in self.rollout_names:
             print(f"{name:<10} {self.url(name)}/answer")
+            print(f"{'':<10} {self.url(name)}/agent/v1 (the search agent, OpenAI chat completions)")
             if engine.openai_api:
-                print(f"{'':<10} {self.url(name)}/v1 (OpenAI-compatible: /v1/chat/completions, /v1/models)")
+                print(f"{'':<10} {self.url(name)}/v1 (the bare policy, OpenAI-compatible, no search)")
         if self.cfg.train:
             print(f"trainer    {self.url('trainer')}/status")
         print(f"admin token in {self.run_dir / 'admin_token'} (for /admin routes)")
@@ -1146,7 +1147,7 @@ SERVE_USAGE = "llds serve MODEL_DIR [--preset cpu|tiny|gpu] [--rollout-gpus IDS]
 
 def serve_main(argv: list[str]) -> int:
     """``llds serve MODEL_DIR [FLAGS]``: ``llds up --no-train --model MODEL_DIR [FLAGS]``: the retriever
-    and the rollout serving ``/answer`` and ``/v1`` until Ctrl-C, nothing trained."""
+    and the rollout serving ``/answer``, ``/agent/v1`` and ``/v1`` until Ctrl-C, nothing trained."""
     if not argv or argv[0] in ("-h", "--help"):
         print(f"usage: {SERVE_USAGE}\n\n{serve_main.__doc__}\nFlags: those of `llds up --help` "
               "(without the training ones).", file=sys.stdout if argv else sys.stderr)  # fmt: skip

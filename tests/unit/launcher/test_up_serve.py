@@ -1,6 +1,6 @@
 """``llds serve MODEL_DIR`` / ``llds up --no-train`` (issue 29, item 7): the retriever and the rollout,
 no Redis, no trainer, no dashboard; training flags refused. Children are not started here (a real
-start is tests/e2e/test_up_serve.py)."""
+start is tests/e2e/test_llds_serve.py)."""
 
 from __future__ import annotations
 
