@@ -48,4 +48,4 @@ HEALTHCHECK --interval=30s --timeout=5s --start-period=600s --retries=3 \
     CMD ["python3", "/opt/llds/healthcheck.py", "http://127.0.0.1:8001/health"]
 # The base image's entrypoint is `vllm serve`; this image serves through the llds launcher.
 ENTRYPOINT []
-CMD ["llds", "rollout", "serve", "--engine", "vllm", "--host", "0.0.0.0", "--port", "8001"]
+CMD ["llds", "rollout", "serve", "--config", "/opt/llds/configs/rollout_search_r1.toml", "--host", "0.0.0.0", "--port", "8001"]

@@ -222,6 +222,9 @@ class TrainerConfig(ServiceSettings):
     """Initial policy: a Hugging Face folder (version 0). Required to train."""
     reference_model: str | None = None
     """Frozen reference for the KL term; defaults to ``model``. Loaded only when ``kl_coef`` > 0."""
+    reference_dtype: Literal["auto", "float32", "bfloat16"] = "auto"
+    """Parameter dtype of the reference model; ``auto``: bfloat16 on a GPU (half of a float32 copy: 6 GB
+    instead of 12 for a 3B model), float32 on the CPU. Its log-probs and the KL term are float32."""
     redis_url: str = "redis://127.0.0.1:6379/0"
     """Redis holding the run's trajectory stream, version and info keys and replica registry."""
     run_dir: str = "runs/trainer"
@@ -274,6 +277,13 @@ class TrainerConfig(ServiceSettings):
     """``threads_while_sampling = 0``: the longest a forward waits for the rollout (then it runs anyway)."""
     gradient_checkpointing: bool = False
     """Recompute activations in the backward pass to save memory."""
+    logits_chunk_tokens: int = Field(default=1024, ge=0)
+    """Scored tokens whose output-head logits exist at once: the head and the float32 log-softmax and
+    entropy over the vocabulary run on this many loss tokens at a time (their logits recomputed in the
+    backward pass when a micro-batch has more), so that memory is about 24 bytes x this x the vocabulary
+    (1024 x Qwen2.5's 151936: 3.7 GB) whatever the micro-batch; 0: the whole micro-batch at once (all
+    its kept positions' logits plus float32 copies: 58 GB for 8 trajectories of Search-R1's 4 turns of
+    500 generated tokens). The values are the unchunked ones to float32 rounding. See docs/deploy.md."""
     parallel: Literal["ddp", "fsdp"] = "ddp"
     """Data parallelism over torchrun's ranks: ``ddp`` (every rank a full replica of model, gradients and
     AdamW state; gradients all-reduced) or ``fsdp`` (FSDP2 ``fully_shard``: each rank holds 1/W of them;
@@ -438,6 +448,8 @@ class TrainerConfig(ServiceSettings):
             )
         if self.dtype == "bfloat16" and self.device == "cpu":
             raise ValueError("dtype bfloat16 needs a GPU; use float32 on the CPU")
+        if self.reference_dtype == "bfloat16" and self.device == "cpu":
+            raise ValueError("reference_dtype bfloat16 needs a GPU; use float32 (or auto) on the CPU")
         if self.weight_sync == "nccl" and self.device == "cpu":
             raise ValueError("weight_sync = 'nccl' needs the trainer on a GPU (NCCL is CUDA-only)")
         if self.weight_sync == "nccl" and self.parallel == "fsdp":

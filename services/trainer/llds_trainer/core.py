@@ -69,6 +69,18 @@ def resolve_device(name: str) -> torch.device:
     return torch.device(name)
 
 
+def reference_dtype(cfg: TrainerConfig, device: torch.device) -> torch.dtype:
+    """Parameter dtype of the frozen reference model (``TrainerConfig.reference_dtype``): ``auto`` is
+    bfloat16 on a GPU (half a float32 copy's memory; its log-probs and the KL term are still float32)
+    and float32 on the CPU."""
+    name = cfg.reference_dtype
+    if name == "auto":
+        name = "bfloat16" if device.type == "cuda" else "float32"
+    if name == "bfloat16" and device.type != "cuda":
+        raise TrainerError(f"reference_dtype bfloat16 needs a GPU; the trainer runs on {device.type}")
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
+
+
 @dataclass
 class TrainState:
     """Everything besides tensors that a resume needs."""
@@ -169,7 +181,8 @@ class Trainer:
         self.ref_model = None
         if cfg.kl_coef > 0:
             ref = cfg.reference_model or cfg.model
-            self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=dtype).to(self.device)
+            ref_dtype = reference_dtype(cfg, self.device)
+            self.ref_model = AutoModelForCausalLM.from_pretrained(ref, dtype=ref_dtype).to(self.device)
             self.ref_model.eval().requires_grad_(False)
             # Sharded like the policy under fsdp: a frozen replica would cost a full copy of the
             # weights per rank, most of what sharding the policy saved (a 7B bf16 reference: 14 GB).
@@ -198,7 +211,8 @@ class Trainer:
         self.correction = build_correction(cfg.correction)
         autocast = torch.bfloat16 if cfg.autocast == "bfloat16" else None
         self.scorer = Scorer(self.model, self.ref_model, cfg.temperature, cfg.micro_batch_size, self.pad_id,
-                             self.device, self.dist, autocast, lockstep=self.parallel.lockstep)  # fmt: skip
+                             self.device, self.dist, autocast, lockstep=self.parallel.lockstep,
+                             chunk_tokens=cfg.logits_chunk_tokens)  # fmt: skip
 
     # ------------------------------------------------------------------ the step's passes
 

@@ -6,7 +6,8 @@ pi_theta and the LLD probe; it knows nothing of losses or corrections.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +17,116 @@ from torch import Tensor
 from llds_trainer.batch import MicroBatch, Sample, collate, response_slice
 from llds_trainer.dist import DistContext
 from llds_trainer.loss import entropy_from_logits, token_logprobs
+
+
+class ScoringError(RuntimeError):
+    """The model cannot be scored the way the config asks (its logits are not its output head's)."""
+
+
+def head_scores(
+    logits: Tensor, targets: Tensor, temperature: float, want_entropy: bool
+) -> tuple[Tensor, Tensor | None]:
+    """Log-probs of ``targets`` and entropies from the output head's logits, in float32.
+
+    Args:
+        logits: ``[N, V]`` in the head's dtype (bfloat16 under autocast).
+        targets: ``[N]`` token ids.
+
+    Returns:
+        ``[N]`` float32 log-probs and, if asked, ``[N]`` entropies (nats).
+    """
+    logits = logits.float()  # [N, V]
+    if temperature != 1.0:
+        logits = logits / temperature
+    lp = token_logprobs(logits[None], targets[None])[0]  # [N]
+    ent = entropy_from_logits(logits[None])[0] if want_entropy else None  # [N]
+    return lp, ent
+
+
+class ChunkedHead:
+    """Stands in for a causal LM's output head during one forward: the head and the softmax run on
+    ``chunk`` selected positions at a time, so no ``[N, V]`` tensor of the whole selection exists.
+
+    Hooks on the head module (not a replacement module): the head is still called by the model's own
+    forward, so under FSDP its parameters are the ones the root unit gathered. A forward pre-hook
+    takes the hidden states ``[B, P, H]``, scores the ``[N, H]`` rows the selection picks chunk by
+    chunk and hands the head an empty input; the forward hook returns the ``[N]`` log-probs as the
+    head's output. With gradients and more than one chunk, each chunk runs under activation
+    checkpointing: only its ``[C, H]`` input is kept, and its logits are recomputed in the backward
+    pass, one chunk at a time.
+    """
+
+    def __init__(self, sel: Tensor, targets: Tensor, temperature: float, chunk: int, want_entropy: bool):
+        if chunk < 1:
+            raise ValueError(f"chunk must be >= 1, got {chunk}")
+        self.sel = sel  # [B, P] bool
+        self.targets = targets  # [N]
+        self.temperature = temperature
+        self.chunk = chunk
+        self.want_entropy = want_entropy
+        self.lp: Tensor | None = None  # [N]
+        self.ent: Tensor | None = None  # [N]
+
+    def _scores(self, head: torch.nn.Module, h: Tensor, targets: Tensor) -> tuple[Tensor, Tensor | None]:
+        logits = head.forward(h)  # [C, V], in the autocast dtype if any
+        # The softmax in float32 whatever the surrounding autocast (as outside the model's forward).
+        with torch.autocast(h.device.type, enabled=False):
+            return head_scores(logits, targets, self.temperature, self.want_entropy)
+
+    def _pre(self, head: torch.nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...]:
+        from torch.utils.checkpoint import checkpoint
+
+        hidden = args[0]  # [B, P, H]
+        h = hidden[self.sel]  # [N, H]
+        n = h.shape[0]
+        recompute = torch.is_grad_enabled() and h.requires_grad and n > self.chunk
+        lps: list[Tensor] = []
+        ents: list[Tensor] = []
+        # An empty selection still runs one (empty) chunk: the outputs keep a graph through the model.
+        for s in range(0, max(n, 1), self.chunk):
+            hc, tc = h[s : s + self.chunk], self.targets[s : s + self.chunk]  # [C, H], [C]
+            if recompute:
+                lp, ent = checkpoint(
+                    self._scores, head, hc, tc, use_reentrant=False, preserve_rng_state=False
+                )
+            else:
+                lp, ent = self._scores(head, hc, tc)
+            lps.append(lp)
+            if ent is not None:
+                ents.append(ent)
+        self.lp = torch.cat(lps) if len(lps) > 1 else lps[0]
+        self.ent = (torch.cat(ents) if len(ents) > 1 else ents[0]) if ents else None
+        return (hidden[:, :0], *args[1:])
+
+    def _post(self, head: torch.nn.Module, args: tuple[Any, ...], output: Tensor) -> Tensor | None:
+        return self.lp
+
+    @contextmanager
+    def attached(self, model: torch.nn.Module) -> Iterator[None]:
+        """Hook the model's output head for the forwards run inside this block."""
+        head = model.get_output_embeddings()  # type: ignore[operator]
+        if not isinstance(head, torch.nn.Module):
+            raise ScoringError(
+                f"{type(model).__name__} has no output head (get_output_embeddings() is None): "
+                "set logits_chunk_tokens = 0"
+            )
+        pre = head.register_forward_pre_hook(self._pre)
+        post = head.register_forward_hook(self._post)
+        try:
+            yield
+        finally:
+            pre.remove()
+            post.remove()
+
+    def take(self, model: torch.nn.Module, logits: Tensor) -> tuple[Tensor, Tensor | None]:
+        """The ``[N]`` log-probs and entropies, given the ``logits`` the model's forward returned."""
+        if self.lp is None or logits is not self.lp:
+            raise ScoringError(
+                f"{type(model).__name__}'s forward does not return its output head's result as the logits "
+                "(soft-capping or scaling after the head?): chunked scoring cannot be used with it, set "
+                "logits_chunk_tokens = 0"
+            )
+        return self.lp, self.ent
 
 
 def target_logprobs(
@@ -28,6 +139,7 @@ def target_logprobs(
     temperature: float = 1.0,
     autocast: torch.dtype | None = None,
     want_entropy: bool = False,
+    chunk_tokens: int = 0,
 ) -> tuple[Tensor, Tensor | None]:
     """Log-probs of the targets on loss-mask positions (and the entropy there), zero elsewhere.
 
@@ -35,6 +147,13 @@ def target_logprobs(
     (the union over the rows, passed to the model as ``logits_to_keep``): prompt and retrieved
     documents are most of a trajectory's tokens, and on a small model the head and softmax over a
     49k vocabulary cost about as much as the layers, in float32 ``[B, L, V]`` memory.
+
+    ``chunk_tokens`` > 0 (``TrainerConfig.logits_chunk_tokens``): the head runs on the ``N`` scored
+    tokens only, ``chunk_tokens`` of them at a time (:class:`ChunkedHead`), so the head's memory is
+    that of one chunk whatever ``N``; 0: the head on every kept position of every row at once
+    (``[B, P, V]`` logits and float32 ``[N, V]`` copies). The values agree to float32 rounding: a
+    matrix product over fewer rows may take another kernel (on the development CPU the same bits for
+    chunks of 7 tokens and more, 2e-6 nats off for chunks of 1; ``tests/unit/trainer/test_scoring.py``).
 
     Args:
         input_ids: ``[B, L]``; attention_mask: ``[B, L]``.
@@ -51,20 +170,27 @@ def target_logprobs(
         # The forward still runs (one position, nothing selected): a backward through it must find
         # a graph, and a sharded model's forward is a collective every rank joins.
         positions = torch.tensor([targets.shape[1] - 1], device=targets.device)
-    with torch.autocast(input_ids.device.type, dtype=autocast, enabled=autocast is not None):
-        out = model(
-            input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=positions
-        )
     sel = loss_mask[:, positions].bool()  # [B, P]
-    logits = out.logits[sel].float()  # [N, V]
-    if temperature != 1.0:
-        logits = logits / temperature
+    picked_targets = targets[:, positions][sel]  # [N]
+    amp = torch.autocast(input_ids.device.type, dtype=autocast, enabled=autocast is not None)
+    kwargs = dict(
+        input_ids=input_ids, attention_mask=attention_mask, use_cache=False, logits_to_keep=positions
+    )
+    if chunk_tokens > 0:
+        head = ChunkedHead(sel, picked_targets, temperature, chunk_tokens, want_entropy)
+        with head.attached(model), amp:
+            out = model(**kwargs)
+        lp_n, ent_n = head.take(model, out.logits)  # [N], [N]
+    else:
+        with amp:
+            out = model(**kwargs)
+        lp_n, ent_n = head_scores(out.logits[sel], picked_targets, temperature, want_entropy)
     picked = torch.zeros(sel.shape, dtype=torch.float32, device=logp.device)  # [B, P]
-    picked[sel] = token_logprobs(logits[None], targets[:, positions][sel][None])[0]
+    picked[sel] = lp_n
     logp[:, positions] = picked
-    if ent is not None:
+    if ent is not None and ent_n is not None:
         e = torch.zeros_like(picked)  # [B, P]
-        e[sel] = entropy_from_logits(logits[None])[0]
+        e[sel] = ent_n
         ent[:, positions] = e
     return logp, ent
 
@@ -86,6 +212,8 @@ class Scorer:
     """Every rank runs the same number of forwards (a sharded model's forward is a collective)."""
     before_forward: Callable[[], None] | None = None
     """Called before every forward (the service sets the CPU thread count by the rollout's activity)."""
+    chunk_tokens: int = 0
+    """Scored tokens per output-head chunk (``TrainerConfig.logits_chunk_tokens``); 0: all at once."""
 
     def logp(
         self, model: torch.nn.Module, mb: MicroBatch, want_entropy: bool
@@ -96,6 +224,7 @@ class Scorer:
         return target_logprobs(
             model, mb.input_ids, mb.attention_mask, mb.targets, mb.loss_mask,
             temperature=self.temperature, autocast=self.autocast, want_entropy=want_entropy,
+            chunk_tokens=self.chunk_tokens,
         )  # fmt: skip
 
     def micro_batches(self, order: Sequence[int]) -> list[list[int]]:

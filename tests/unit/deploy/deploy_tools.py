@@ -9,6 +9,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -22,7 +23,7 @@ COMPOSE_FILE = REPO / "docker-compose.yml"
 COMPOSE_CPU = DEPLOY / "compose.cpu.yml"
 ENV_EXAMPLE = DEPLOY / "env.example"
 K8S = DEPLOY / "k8s"
-K8S_OVERLAYS = ("gpu", "cpu-small")
+K8S_OVERLAYS = ("gpu", "gpu-ma", "cpu-small")
 SCRIPTS = DEPLOY / "scripts"
 DOCKERFILES = sorted((DEPLOY / "docker").glob("*.Dockerfile"))
 OUR_IMAGES = re.compile(r"^llds-[a-z]+(:|$)")
@@ -246,3 +247,97 @@ def entrypoint_error(argv: list[str]) -> str | None:
         script = SCRIPTS / Path(rest[0]).name
         return None if script.is_file() else f"{rest[0]}: no deploy/scripts/{script.name} in the repository"
     return f"not an llds entrypoint: {argv}"
+
+
+# ------------------------------------------------------------------ what a service resolves
+
+IMAGE_CONFIGS = "/opt/llds/configs/"
+"""Where the images (and compose's bind mount) put configs/."""
+SERVICE_CLASSES = {
+    ("rollout", "serve"): ("llds_rollout.config", "RolloutSettings"),
+    ("trainer", "run"): ("llds_trainer.config", "TrainerConfig"),
+}
+PLACEHOLDER = "change-me"
+"""How deploy/env.example and secrets.env.example begin each secret."""
+_K8S_VAR = re.compile(r"\$\(([A-Za-z_][A-Za-z0-9_]*)\)")
+
+
+def k8s_env(container: dict[str, Any]) -> dict[str, str]:
+    """A container's literal environment (``valueFrom`` entries, secrets and pod fields, left out)."""
+    return {e["name"]: str(e["value"]) for e in container.get("env", []) if "value" in e}
+
+
+def expand_k8s(argv: list[str], env: dict[str, str]) -> list[str]:
+    """``$(VAR)`` in command and args replaced as the kubelet does from the container's environment (a
+    reference to an undefined variable stays as written)."""
+    return [_K8S_VAR.sub(lambda m: env.get(m.group(1), m.group(0)), a) for a in argv]
+
+
+def service_command(argv: list[str]) -> tuple[tuple[str, ...], list[str]]:
+    """(the service command of :data:`SERVICE_CLASSES`, its flags) of a container's argv: ``llds rollout
+    serve ...``, ``llds trainer run ...``, ``torchrun ... -m llds_trainer ...``, ``python -m llds_trainer``."""
+    prog = Path(argv[0]).name
+    if prog == "llds":
+        for command in SERVICE_CLASSES:
+            if tuple(argv[1 : 1 + len(command)]) == command:
+                return command, argv[1 + len(command) :]
+    if "-m" in argv and prog in {"torchrun", "python", "python3"}:
+        i = argv.index("-m")
+        if argv[i + 1] in MODULE_COMMANDS and MODULE_COMMANDS[argv[i + 1]] in SERVICE_CLASSES:
+            return MODULE_COMMANDS[argv[i + 1]], argv[i + 2 :]
+    raise ValueError(f"not a rollout or trainer command: {argv}")
+
+
+def preset_path(argv: list[str]) -> Path:
+    """The configs/ file the ``--config`` of a service's argv names inside the image."""
+    if "--config" not in argv:
+        raise AssertionError(f"no --config preset: {argv}")
+    inside = argv[argv.index("--config") + 1]
+    assert inside.startswith(IMAGE_CONFIGS), f"--config {inside} is not under {IMAGE_CONFIGS}"
+    return REPO / "configs" / inside.removeprefix(IMAGE_CONFIGS)
+
+
+def resolved_settings(argv: list[str], env: dict[str, str]) -> Any:
+    """The settings the rollout or trainer of ``argv`` resolves inside its container: its flags parsed by
+    its own parser, ``--config`` read from configs/, the container's ``LLDS_*`` environment (and none of
+    this process's; the example env file's placeholder secrets, which the services refuse, replaced)."""
+    from llds_server.cli import settings_overrides
+
+    env = {k: v.replace(PLACEHOLDER, "set-in-the-test") for k, v in env.items()}
+    command, flags = service_command(argv)
+    module, func = SERVICE_PARSERS[command]
+    args = getattr(importlib.import_module(module), func)().parse_args(flags)
+    cls_module, cls_name = SERVICE_CLASSES[command]
+    cls = getattr(importlib.import_module(cls_module), cls_name)
+    saved = {k: v for k, v in os.environ.items() if k.startswith("LLDS_")}
+    try:
+        for k in saved:
+            del os.environ[k]
+        os.environ.update({k: v for k, v in env.items() if k.startswith("LLDS_")})
+        return cls.load(preset_path(flags), settings_overrides(args, cls))
+    finally:
+        for k in [k for k in os.environ if k.startswith("LLDS_")]:
+            del os.environ[k]
+        os.environ.update(saved)
+
+
+def assert_preset_applied(settings: Any, preset: Path, skip: tuple[str, ...] = ()) -> None:
+    """Every setting ``preset`` states is the value ``settings`` resolved (but the dotted keys in ``skip``)."""
+
+    def leaves(d: dict, prefix: str = "") -> Iterator[tuple[str, Any]]:
+        for k, v in d.items():
+            if isinstance(v, dict):
+                yield from leaves(v, f"{prefix}{k}.")
+            else:
+                yield f"{prefix}{k}", v
+
+    dumped = settings.model_dump(mode="json")
+    for key, want in leaves(tomllib.loads(preset.read_text())):
+        if key in skip:
+            continue
+        got: Any = dumped
+        for part in key.split("."):
+            got = got[part]
+        assert got == (list(want) if isinstance(want, tuple) else want), (
+            f"{preset.name}: {key} = {got}, not {want}"
+        )

@@ -6,9 +6,22 @@ from the env file, Redis password + append-only, nothing unauthenticated publish
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
-from deploy_tools import COMPOSE_CPU, COMPOSE_FILE, ENV_EXAMPLE, compose_config, read_env_file, run, tool
+import yaml
+from deploy_tools import (
+    COMPOSE_CPU,
+    COMPOSE_FILE,
+    ENV_EXAMPLE,
+    assert_preset_applied,
+    compose_config,
+    preset_path,
+    read_env_file,
+    resolved_settings,
+    run,
+    tool,
+)
 
 
 def _volume(spec: str | dict) -> dict:
@@ -172,17 +185,57 @@ def test_rollout_registers_a_reachable_url(gpu: dict, cpu: dict) -> None:
         assert env["LLDS_ROLLOUT_REPLICA_NAME"] == "rollout"
 
 
-def test_env_values_are_valid_config(gpu: dict) -> None:
-    """The env file's engine settings and the passed env parse with the rollout's own config class."""
-    import json
+def test_rollout_and_trainer_run_their_presets(gpu: dict) -> None:
+    """Each GPU service reads its preset: the rollout samples with rollout_search_r1.toml's settings (top-p
+    0.95, 128 groups in flight, a 30 s retriever timeout, vLLM in bf16 at 85 % of its GPU), not the
+    defaults (top-p 1.0, 8 groups, 10 s), and the trainer trains with trainer_search_r1.toml's."""
+    svcs = gpu["services"]
+    ro = resolved_settings(svcs["rollout"]["command"], svcs["rollout"]["environment"])
+    preset = preset_path(svcs["rollout"]["command"])
+    assert preset.name == "rollout_search_r1.toml"
+    assert_preset_applied(ro, preset)
+    assert (ro.top_p, ro.max_groups_in_flight, ro.retriever_timeout_s) == (0.95, 128, 30.0)
+    assert (ro.engine.type, ro.engine.dtype, ro.engine.gpu_memory_utilization) == ("vllm", "bfloat16", 0.85)
+    tr = resolved_settings(svcs["trainer"]["command"], svcs["trainer"]["environment"])
+    preset = preset_path(svcs["trainer"]["command"])
+    assert preset.name == "trainer_search_r1.toml"
+    assert_preset_applied(tr, preset)
+    assert tr.regularizer.answer_weight_mode == "off"
 
-    from pydantic import TypeAdapter
 
-    from llds_rollout.config import EngineSettings
+def test_presets_come_from_the_checkout_read_only(gpu: dict, cpu: dict) -> None:
+    """configs/ is mounted over the image's copy: another or an edited preset needs no image rebuild."""
+    for svcs, names in (
+        (gpu["services"], ("rollout", "trainer")),
+        (cpu["services"], ("rollout-cpu", "trainer-cpu")),
+    ):
+        for name in names:
+            vols = [_volume(v) for v in svcs[name]["volumes"]]
+            mount = next(v for v in vols if v["target"] == "/opt/llds/configs")
+            assert Path(mount["source"]).resolve() == (COMPOSE_FILE.parent / "configs").resolve(), name
+            assert mount["read_only"], name
 
-    raw = json.loads(gpu["services"]["rollout"]["environment"]["LLDS_ROLLOUT_ENGINE"])
-    engine = TypeAdapter(EngineSettings).validate_python(raw)
-    assert engine.type == "vllm" and engine.dtype == "bfloat16"
+
+def test_env_file_selects_the_ma_preset_and_the_one_gpu_share(tmp_path: Path) -> None:
+    """``TRAINER_CONFIG_FILE=trainer_search_r1_ma.toml`` trains the -MA recipe and ``LLDS_ROLLOUT_ENGINE``
+    overrides one key of the preset's engine, keeping the rest; no image is rebuilt for either."""
+    env = read_env_file() | {
+        "TRAINER_CONFIG_FILE": "trainer_search_r1_ma.toml",
+        "LLDS_ROLLOUT_ENGINE": '{"gpu_memory_utilization": 0.2}',
+        "ROLLOUT_GPUS": "0",
+        "TRAINER_GPUS": "0",
+    }
+    env_file = tmp_path / "env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+    res = run([tool("docker-compose"), "--env-file", str(env_file), "-f", str(COMPOSE_FILE), "config"])
+    assert res.returncode == 0, res.stderr
+    svcs = yaml.safe_load(res.stdout)["services"]
+    tr = resolved_settings(svcs["trainer"]["command"], svcs["trainer"]["environment"])
+    assert tr.regularizer.answer_weight_mode == "adaptive_code"
+    assert_preset_applied(tr, preset_path(svcs["trainer"]["command"]))
+    ro = resolved_settings(svcs["rollout"]["command"], svcs["rollout"]["environment"])
+    assert ro.engine.gpu_memory_utilization == 0.2
+    assert (ro.engine.dtype, ro.engine.max_batch_size, ro.top_p) == ("bfloat16", 256, 0.95)
 
 
 def test_rollout_image_builds_on_the_pinned_vllm_image() -> None:

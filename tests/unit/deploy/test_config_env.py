@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from deploy_tools import K8S, REPO, compose_services, containers
+from deploy_tools import K8S, REPO, compose_services, containers, read_env_file
 
 CONFIG_CLASSES = {
     "ROLLOUT": ("llds_rollout.config", "RolloutSettings"),
@@ -60,11 +60,19 @@ def _config_refs() -> set[str]:
     ]
     for text in texts:
         refs |= set(re.findall(r"/opt/llds/configs/([A-Za-z0-9_.-]+\.toml)", text))
-    refs |= {
-        m
-        for m in re.findall(r"\$\{TRAINER_CONFIG_FILE:-([^}]+)\}", (REPO / "docker-compose.yml").read_text())
-    }
+    # Presets named by a variable: compose's defaults, env.example's values, the k8s containers' env.
+    refs |= set(re.findall(r"\$\{[A-Z_]+_CONFIG_FILE:-([^}]+)\}", (REPO / "docker-compose.yml").read_text()))
+    refs |= {v for k, v in read_env_file().items() if k.endswith("_CONFIG_FILE")}
+    for path in sorted(K8S.rglob("*.yaml")):
+        for doc in yaml.safe_load_all(path.read_text()):
+            if isinstance(doc, dict):
+                for c in containers(doc):
+                    refs |= {e["value"] for e in c.get("env", []) if e["name"].endswith("_CONFIG_FILE")}
     return refs
+
+
+def test_presets_named_by_variables_are_found() -> None:
+    assert {"rollout_search_r1.toml", "trainer_search_r1.toml", "trainer_search_r1_ma.toml"} <= _config_refs()
 
 
 @pytest.mark.parametrize("name", sorted(_config_refs()))

@@ -13,7 +13,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from deploy_tools import K8S_OVERLAYS, containers, pod_spec, render_kustomize
+from deploy_tools import (
+    K8S_OVERLAYS,
+    assert_preset_applied,
+    containers,
+    expand_k8s,
+    k8s_env,
+    pod_spec,
+    preset_path,
+    render_kustomize,
+    resolved_settings,
+)
 
 K8S_VERSION = "1.37.0"
 TARGETS = ("base", *(f"overlays/{o}" for o in K8S_OVERLAYS))
@@ -192,3 +202,47 @@ def test_cpu_small_overlay_needs_no_gpu(rendered: dict) -> None:
     for pvc in (d for d in docs if d["kind"] == "PersistentVolumeClaim"):
         assert pvc["spec"]["accessModes"] == ["ReadWriteOnce"]
     _get(docs, "Job", "llds-prepare")
+
+
+PRESETS = {
+    "base": ("rollout_search_r1.toml", "trainer_search_r1.toml"),
+    "overlays/gpu": ("rollout_search_r1.toml", "trainer_search_r1.toml"),
+    "overlays/gpu-ma": ("rollout_search_r1.toml", "trainer_search_r1_ma.toml"),
+    "overlays/cpu-small": ("rollout_cpu.toml", "trainer_cpu.toml"),
+}
+"""Target -> the (rollout, trainer) presets its pods run."""
+
+
+def _resolved(docs: list[dict], kind: str, name: str, container: str) -> tuple[Path, Any]:
+    c = _container(_get(docs, kind, name), container)
+    env = k8s_env(c)
+    argv = expand_k8s([*c["command"], *c.get("args", [])], env)
+    return preset_path(argv), resolved_settings(argv, env)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_rollout_and_trainer_run_their_presets(rendered: dict, target: str) -> None:
+    """The rollout's argv names its preset (the published sampling settings, not the defaults: top-p 1.0,
+    8 groups in flight, a 10 s retriever timeout) and every setting the preset states is what it resolves
+    in its container; the same for the trainer, whose -MA preset the gpu-ma overlay selects."""
+    docs = rendered[target]
+    want_rollout, want_trainer = PRESETS[target]
+    preset, ro = _resolved(docs, "Deployment", "llds-rollout", "rollout")
+    assert preset.name == want_rollout
+    assert_preset_applied(ro, preset)
+    preset, tr = _resolved(docs, "Job", "llds-trainer", "trainer")
+    assert preset.name == want_trainer
+    assert_preset_applied(tr, preset)
+    if target != "overlays/cpu-small":
+        assert (ro.top_p, ro.max_groups_in_flight, ro.retriever_timeout_s) == (0.95, 128, 30.0)
+        assert (ro.engine.dtype, ro.engine.gpu_memory_utilization) == ("bfloat16", 0.85)
+        want_ma = "adaptive_code" if target == "overlays/gpu-ma" else "off"
+        assert tr.regularizer.answer_weight_mode == want_ma
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gpu_trainer_shards_its_state_with_fsdp(rendered: dict, target: str) -> None:
+    """16 ranks of full replicas would each hold 46 GiB of float32 weights, gradients and AdamW state of a
+    3B policy plus an all-reduce buffer of all gradients; sharded, a rank holds 1/16 (docs/deploy.md)."""
+    _, tr = _resolved(rendered[target], "Job", "llds-trainer", "trainer")
+    assert tr.parallel == ("ddp" if target == "overlays/cpu-small" else "fsdp")

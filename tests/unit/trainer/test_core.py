@@ -37,6 +37,19 @@ def test_pinned_losses_of_a_deterministic_step(tiny_model_dir: Path, groups: lis
 PINNED = [0.18449781090021133, 0.0, 0.11832885444164276, 0.011603218503296375, -10.608126583614865]
 
 
+@pytest.mark.parametrize("chunk", [0, 5])
+def test_pinned_losses_hold_under_any_head_chunking(
+    tiny_model_dir: Path, groups: list[Any], chunk: int
+) -> None:
+    """The same step with the head over each micro-batch at once, and in chunks of 5 scored tokens (their
+    logits recomputed in the backward pass): the pinned values (default 1024: one chunk here)."""
+    tr = Trainer(_cfg(tiny_model_dir, logits_chunk_tokens=chunk))
+    r1 = tr.train_step(groups[:2])
+    r2 = tr.train_step(groups[2:])
+    got = [r1["loss/total"], r1["loss/llds"], r2["loss/total"], r2["loss/llds"], r2["lld/correct_logp_token"]]
+    assert got == pytest.approx(PINNED, rel=1e-4, abs=1e-7)
+
+
 def test_llds_is_zero_with_a_single_update_per_step(tiny_model_dir: Path, groups: list[Any]) -> None:
     tr = Trainer(_cfg(tiny_model_dir, minibatches_per_step=1))
     rec = tr.train_step(groups[:2])
