@@ -8,10 +8,10 @@ where they are defined (:data:`HEAD_BYTES`, :data:`LAYER_WORK_FACTOR`, :data:`TR
 :data:`VLLM_OVERHEAD_GIB`); the head's was measured on the CPU (:func:`measure_head_peak`). docs/deploy.md
 carries the table between :data:`BEGIN` and :data:`END`, and a test checks it against this module.
 
-    python -m llds_bench.memory                          # print the tables
-    python -m llds_bench.memory --write docs/deploy.md   # rewrite them in the docs, between the markers
-    python -m llds_bench.memory --check docs/deploy.md   # exit 1 when the docs' tables are not these
-    python -m llds_bench.memory head-peak --chunk 1024 [--smollm2 --fp32]   # peak RSS of one scoring pass, CPU
+    llds bench memory                          # print the tables
+    llds bench memory --write docs/deploy.md   # rewrite them in the docs, between the markers
+    llds bench memory --check docs/deploy.md   # exit 1 when the docs' tables are not these
+    llds bench memory head-peak --chunk 1024 [--smollm2 --fp32]   # peak RSS of one scoring pass, CPU
 
 Importing this module imports no torch.
 """
@@ -493,7 +493,7 @@ def measure_head_peak(
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv[:1] == ["head-peak"]:
-        p = argparse.ArgumentParser(prog="python -m llds_bench.memory head-peak")
+        p = argparse.ArgumentParser(prog="llds bench memory head-peak")
         p.add_argument("--chunk", type=int, default=1024, help="logits_chunk_tokens (0: unchunked)")
         p.add_argument("--batch", type=int, default=2)
         p.add_argument("--seq", type=int, default=2048)
@@ -505,7 +505,7 @@ def main(argv: list[str] | None = None) -> int:
                                 smollm2=a.smollm2)  # fmt: skip
         print(" ".join(f"{k}={v:.1f}" if isinstance(v, float) else f"{k}={v}" for k, v in got.items()))
         return 0
-    p = argparse.ArgumentParser(prog="python -m llds_bench.memory", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="llds bench memory", description=__doc__.split("\n\n")[0])
     p.add_argument("--shape", default="qwen2.5-3b", choices=sorted(SHAPES))
     p.add_argument("--write", type=Path, help="rewrite the table between the markers of this Markdown file")
     p.add_argument("--check", type=Path, help="exit 1 if this Markdown file's table is not the computed one")
@@ -516,7 +516,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"wrote the memory table into {a.write}")
     elif a.check:
         if replace_between_markers(a.check.read_text(), body) != a.check.read_text():
-            print(f"{a.check}: the memory table is stale; run python -m llds_bench.memory --write {a.check}")
+            print(f"{a.check}: the memory table is stale; run llds bench memory --write {a.check}")
             return 1
         print(f"{a.check}: the memory table is current")
     else:

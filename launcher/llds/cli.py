@@ -81,6 +81,11 @@ ROUTES: dict[tuple[str, ...], tuple[str, str, str]] = {
         "main",
         "kill -9 a run again and again, resume it, audit every prompt from outside (issue 30)",
     ),
+    ("bench", "memory"): (
+        "llds_bench.memory",
+        "main",
+        "GPU memory per preset and GPU count (arithmetic, not measured); --write docs/deploy.md",
+    ),
     ("bench", "all"): ("llds.bench", "main", "run every benchmark and regenerate BENCHMARKS.md"),
     ("bench", "soak"): (
         "llds.bench",

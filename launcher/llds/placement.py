@@ -323,24 +323,21 @@ def parameter_count(model_dir: Path) -> int | None:
 
 @dataclass(frozen=True)
 class OneGpuFit:
-    """The one-GPU mode's arithmetic, in bytes: the trainer's weights, gradients and AdamW moments
-    (+ the reference model) at ``weight_bytes`` a parameter in what vLLM and the reserve leave, and
-    vLLM's bfloat16 weights in its share."""
+    """The one-GPU mode's arithmetic, in bytes: the trainer's weights, gradients and AdamW moments at
+    ``weight_bytes`` a parameter (+ the reference model, bfloat16 on a GPU: the trainer's
+    ``reference_dtype = "auto"``) in what vLLM and the reserve leave, and vLLM's bfloat16 weights in
+    its share."""
 
     params: int
     gpu: int
     rollout_share: float
     reference: bool
     weight_bytes: int = BF16_BYTES
-    """4: float32 master weights (and reference); 2: bfloat16."""
-
-    @property
-    def tensors(self) -> int:
-        return TRAINER_STATE_COPIES + int(self.reference)
+    """4: float32 master weights; 2: bfloat16."""
 
     @property
     def trainer_need(self) -> int:
-        return self.params * self.weight_bytes * self.tensors
+        return self.params * (self.weight_bytes * TRAINER_STATE_COPIES + BF16_BYTES * int(self.reference))
 
     @property
     def trainer_budget(self) -> int:
@@ -360,8 +357,8 @@ class OneGpuFit:
         if self.trainer_need > self.trainer_budget:
             return (
                 f"the trainer needs {self.trainer_need / gb:.1f} GB ({self.params / 1e9:.2f}B parameters x "
-                f"{self.weight_bytes} bytes x {self.tensors}: {dtype} weights, gradients, AdamW moments"
-                f"{', reference model' if self.reference else ''}) and has {self.trainer_budget / gb:.1f} GB "
+                f"{self.weight_bytes} bytes x {TRAINER_STATE_COPIES}: {dtype} weights, gradients, AdamW moments"
+                f"{f', + {BF16_BYTES} bytes each for the bfloat16 reference model' if self.reference else ''}) and has {self.trainer_budget / gb:.1f} GB "
                 f"of the GPU's {self.gpu / gb:.1f} GB (vLLM takes {self.rollout_share:.0%}, "
                 f"{ONE_GPU_RESERVE:.0%} is kept for activations)"
             )

@@ -260,3 +260,21 @@ def test_env_example_documents_every_variable_the_compose_files_use() -> None:
         used |= set(re.findall(r"\$\{([A-Za-z_][A-Za-z0-9_]*)", path.read_text()))
     missing = used - set(read_env_file())
     assert not missing, f"add to deploy/env.example: {sorted(missing)}"
+
+
+def test_the_serve_profile_serves_the_agent_and_trains_nothing() -> None:
+    """``docker compose --profile serve up retriever agent``: the rollout with training off (no
+    dataset, no Redis, no weights folder), its preset applied, on the host's loopback, waiting only for
+    the retriever, with the API key that /v1 and /agent/v1 need beyond loopback passed through; the
+    training services never depend on it."""
+    svcs = compose_config(COMPOSE_FILE, profiles=("serve",))["services"]
+    agent = svcs["agent"]
+    ro = resolved_settings(agent["command"], agent["environment"])
+    assert ro.train is False and ro.dataset is None and ro.weights_root is None
+    assert_preset_applied(ro, preset_path(agent["command"]))
+    assert ro.redis_url is None or "LLDS_ROLLOUT_REDIS_URL" not in agent["environment"]
+    assert set(agent["depends_on"]) == {"retriever"}
+    assert "LLDS_API_KEY" in agent["environment"]
+    assert [_host_ip(p) for p in agent["ports"]] == ["127.0.0.1"]
+    assert all("agent" not in (svc.get("depends_on") or {}) for name, svc in svcs.items() if name != "agent")
+    assert agent["profiles"] == ["serve"], "the agent must start only with its profile"
