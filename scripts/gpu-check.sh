@@ -1,13 +1,19 @@
 #!/usr/bin/env bash
-# The trainer's one-command GPU check: Qwen2.5-3B's architecture with random weights, bf16 with
-# gradient checkpointing, on one GPU at Search-R1's sequence length (4096 tokens), GRPO and
-# GRPO + LLDS; reports trainer tokens/s, MFU, the LLDS/GRPO step-time ratio, peak GPU memory and the
-# checkpoint's write time and size, and fails when the whole run takes more than 8 minutes.
-# Needs PyTorch with CUDA, transformers and this repository's pure-Python dependencies (pydantic,
-# pydantic-settings, tomli-w); no vLLM, no network, no model download. Runs from a checkout (no install).
+# The GPU check: one call, a few minutes (480 s budget), one PASS/FAIL/SKIP line per part, on a machine
+# with a GPU (llds_bench/gpu_check.py, docs/gpu-check.md):
+#   versions   torch, CUDA, vLLM, transformers, faiss against the GPU images' pins
+#   faiss      GPU search through the retriever's placement (skipped: faiss without GPU support)
+#   prepare    random Qwen2.5-3B weights with the Qwen2.5 tokenizer, and a second version published
+#   placement  llds up's children on 1 and 2 GPUs (CUDA_VISIBLE_DEVICES, resolved configs, probed)
+#   trainer    configs/trainer_search_r1.toml at the longest trajectory the rollout preset allows:
+#              tokens/s, MFU, peak memory against llds_bench.memory's estimate
+#   vllm       the rollout service on vLLM: start, /v1, decode tokens/s, in-place swap (time) with a
+#              /v1 request in flight, the output changing with the weights
+# Needs PyTorch with CUDA, transformers, vLLM (the rollout image has all three) and this repository's
+# dependencies; no network, no model download. Runs from a checkout (no install). Exit 1 when a part failed.
 #
-#   scripts/gpu-check.sh                                  # writes docs/trainer_gpu_bench.md and .json
-#   scripts/gpu-check.sh --shape qwen2.5-7b --out /tmp/7b.md   # extra flags go to `llds bench trainer`
+#   scripts/gpu-check.sh                                  # writes docs/gpu_check_bench.md and .json
+#   scripts/gpu-check.sh --skip vllm --out /tmp/gc.md    # extra flags go to python -m llds_bench.gpu_check
 #   PYTHON=/opt/venv/bin/python scripts/gpu-check.sh     # another interpreter (default: .venv, python3)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -20,7 +26,7 @@ export HF_HUB_OFFLINE=1 TRANSFORMERS_OFFLINE=1
 
 missing=$("$PYTHON" -c '
 import importlib.util
-need = ("torch", "transformers", "safetensors", "pydantic", "pydantic_settings", "tomli_w", "tqdm")
+need = ("torch", "transformers", "safetensors", "pydantic", "pydantic_settings", "tomli_w", "httpx")
 print(" ".join(m for m in need if importlib.util.find_spec(m) is None))')
 if [ -n "$missing" ]; then
     echo "gpu-check: $PYTHON cannot import: $missing" >&2
@@ -31,5 +37,4 @@ if ! "$PYTHON" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() el
     exit 2
 fi
 
-exec "$PYTHON" -m llds.cli bench trainer --device cuda --shape qwen2.5-3b --random-weights \
-    --budget-s 480 --out docs/trainer_gpu_bench.md "$@"
+exec "$PYTHON" -m llds_bench.gpu_check --device cuda --budget-s 480 --out docs/gpu_check_bench.md "$@"

@@ -80,6 +80,11 @@ SHAPES: dict[str, Qwen2Shape] = {
         num_key_value_heads=1, vocab_size=4096, tie_word_embeddings=True, max_position_embeddings=8192,
         pad_token_id=0, source="this repository: a Qwen2-architecture model small enough for the CPU tests",
     ),
+    "tiny-qwen": Qwen2Shape(
+        hidden_size=128, intermediate_size=256, num_hidden_layers=2, num_attention_heads=2,
+        num_key_value_heads=1, vocab_size=151936, tie_word_embeddings=True,
+        source="this repository: llds.assets.tiny_qwen_dir's shape, Qwen2.5's vocabulary (its tokenizer fits)",
+    ),
 }  # fmt: skip
 """The named shapes of ``--shape``."""
 

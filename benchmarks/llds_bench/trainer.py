@@ -498,9 +498,9 @@ def render_markdown(r: dict[str, Any]) -> str:
     if r["device_type"] != "cuda":
         lines += [
             "",
-            "Measured on the CPU: not GPU figures. The GPU figures come from `scripts/gpu-check.sh`",
-            "(`llds bench trainer --device cuda --shape qwen2.5-3b --random-weights --budget-s 480 --out",
-            "docs/trainer_gpu_bench.md`) on a machine with one GPU; not measured yet.",
+            "Measured on the CPU: not GPU figures. The GPU figures come from `llds bench trainer --device",
+            "cuda --shape qwen2.5-3b --random-weights --budget-s 480 --out docs/trainer_gpu_bench.md` on a",
+            "machine with one GPU; not measured yet.",
         ]
     return "\n".join(lines) + "\n"
 

@@ -50,11 +50,21 @@ weight versions 1. Logs and the Redis append-only file grow by design and are re
 
 GPU_CHECK_PLACEHOLDER = """# Trainer check (qwen2.5-3b, random weights, cuda)
 
-Not measured yet. Command: `scripts/gpu-check.sh` on a machine with one GPU (it writes
-`docs/trainer_gpu_bench.md`; then `llds bench all --stitch-only`). See docs/trainer.md, "Benchmark and
-GPU check".
+Not measured yet. Command: `llds bench trainer --device cuda --shape qwen2.5-3b --random-weights
+--budget-s 480 --out docs/trainer_gpu_bench.md` on a machine with one GPU (then `llds bench all
+--stitch-only`). See docs/trainer.md, "Benchmark and GPU check".
 """
-"""BENCHMARKS.md's GPU-check section until ``scripts/gpu-check.sh`` has written docs/trainer_gpu_bench.md."""
+"""BENCHMARKS.md's trainer GPU section until ``llds bench trainer --shape`` has written docs/trainer_gpu_bench.md."""
+
+GPU_CHECK_ALL_PLACEHOLDER = """# GPU check (cuda)
+
+Not run on a GPU yet. Command: `scripts/gpu-check.sh` on a machine with a GPU (it writes
+`docs/gpu_check_bench.md`; then `llds bench all --stitch-only`): versions against the images' pins,
+faiss on the GPU, `llds up` placement on one and two GPUs, configs/trainer_search_r1.toml at the
+longest trajectory (tokens/s, MFU, peak memory), the rollout on vLLM with an in-place weight swap
+(swap time). See docs/gpu-check.md.
+"""
+"""BENCHMARKS.md's section of the whole GPU check until ``scripts/gpu-check.sh`` has written docs/gpu_check_bench.md."""
 
 
 SWAP_PLACEHOLDER = """## Weight swaps under load, per swap mode
@@ -95,6 +105,8 @@ def stitch(out: Path = ROOT / "BENCHMARKS.md") -> Path:
         if name == "trainer":
             gpu = section_path("trainer_gpu")
             parts.append((gpu.read_text() if gpu.exists() else GPU_CHECK_PLACEHOLDER).strip() + "\n")
+            check = section_path("gpu_check")
+            parts.append((check.read_text() if check.exists() else GPU_CHECK_ALL_PLACEHOLDER).strip() + "\n")
             for extra_name, placeholder in TRAINER_EXTRAS:
                 extra_path = section_path(extra_name)
                 parts.append((extra_path.read_text() if extra_path.exists() else placeholder).strip() + "\n")
