@@ -22,14 +22,14 @@ sides sharing a GPU are refused, except both naming the same single GPU (the one
 
 from __future__ import annotations
 
-import json
+import math
 import os
 import shutil
-import struct
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from llds_proto.digest import tensor_shapes
 from llds_server.settings import ConfigError
 
 ROLLOUT_FRACTION = 4
@@ -306,19 +306,7 @@ def parameter_count(model_dir: Path) -> int | None:
     files = sorted(model_dir.glob("*.safetensors")) if model_dir.is_dir() else []
     if not files:
         return None
-    total = 0
-    for f in files:
-        with f.open("rb") as fh:
-            (size,) = struct.unpack("<Q", fh.read(8))
-            header = json.loads(fh.read(size))
-        for name, meta in header.items():
-            if name == "__metadata__":
-                continue
-            n = 1
-            for d in meta["shape"]:
-                n *= int(d)
-            total += n
-    return total
+    return sum(math.prod(shape) for f in files for shape in tensor_shapes(f).values())
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,13 @@ def _header(f: BinaryIO) -> tuple[dict, int]:
     return header, 8 + n
 
 
+def tensor_shapes(path: str | Path) -> dict[str, list[int]]:
+    """Each tensor's shape in one ``.safetensors`` file, from its header alone (no data read)."""
+    with Path(path).open("rb") as f:
+        header, _ = _header(f)
+    return {name: list(meta["shape"]) for name, meta in header.items() if name != "__metadata__"}
+
+
 def tensors_digest(folder: str | Path) -> str:
     """SHA-256 (hex) over every tensor of the ``*.safetensors`` files in ``folder``, in name order:
     each tensor's name, dtype, shape and raw bytes."""
