@@ -105,17 +105,22 @@ class RemoteFile(_Model):
         )
 
 
-class ParquetToJsonl(_Model):
-    """Write every row of a parquet file as one JSON object per line (the parquet file stays)."""
+class _OneFileStep(_Model):
+    """A step that turns one file into another."""
 
-    type: Literal["parquet_to_jsonl"] = "parquet_to_jsonl"
     src: str
-    """Parquet file, relative to the output folder."""
+    """Input file (parquet, gzip), relative to the output folder."""
     dst: str
-    """JSONL file written, relative to the output folder."""
+    """File written, relative to the output folder."""
 
     def inputs(self) -> list[str]:
         return [self.src]
+
+
+class ParquetToJsonl(_OneFileStep):
+    """Write every row of a parquet file as one JSON object per line (the parquet file stays)."""
+
+    type: Literal["parquet_to_jsonl"] = "parquet_to_jsonl"
 
     def consumes(self) -> bool:
         return False
@@ -136,17 +141,10 @@ class ParquetToJsonl(_Model):
                 bar.update(batch.num_rows)
 
 
-class Gunzip(_Model):
+class Gunzip(_OneFileStep):
     """Decompress a ``.gz`` file (which is deleted once the result is recorded)."""
 
     type: Literal["gunzip"] = "gunzip"
-    src: str
-    """Gzip file, relative to the output folder."""
-    dst: str
-    """Decompressed file, relative to the output folder."""
-
-    def inputs(self) -> list[str]:
-        return [self.src]
 
     def consumes(self) -> bool:
         return True
